@@ -1,0 +1,191 @@
+"""ASGI app factory: one Starlette app per deploy config.
+
+Routes:
+- ``GET /healthz`` -> 200 ``OK\\n`` always (liveness; answers while a model forward runs, since
+  forwards run on worker threads, never on the event loop).
+- ``GET /readyz`` -> 503 until every enabled session kind loaded and warmed its models, then 200.
+- ``GET /metrics`` -> Prometheus text format from this app's own registry.
+- ``GET /v1/models`` -> served models and session kinds (OpenAI-style ``{"object": "list"}``).
+- each enabled session kind's websocket routes; a websocket that arrives before the server is
+  ready is accepted and closed with 1013 ("try again later").
+
+Startup loads models on a worker thread after the server already listens, so probes can watch
+readiness. A load failure is logged and reported through ``on_fatal`` (the CLI exits non-zero).
+Shutdown: ``drain()`` closes every websocket with 1001 and a reason within the configured bound,
+then each kind's ``stop()`` releases its sessions and engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Info, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from realtime import __version__
+from realtime.config import DeployConfig
+from realtime.connections import ConnectionRegistry
+from realtime.kinds import build_kind
+from realtime.kinds.base import ServerContext, SessionKindService
+from realtime.progress import LoadProgress
+
+log = logging.getLogger("realtime.app")
+
+TRY_AGAIN_LATER = 1013
+
+
+@dataclass
+class AppState:
+    """Everything the routes and the lifecycle share; stored at ``app.state.rt``."""
+
+    config: DeployConfig
+    context: ServerContext
+    kinds: list[SessionKindService]
+    ready_gauge: Gauge
+    ready: bool = False
+    load_error: str | None = None
+    on_fatal: Callable[[str], None] | None = None
+    draining: bool = False
+    url: str | None = None
+    _announced: bool = field(default=False, repr=False)
+    _load_task: asyncio.Task | None = field(default=None, repr=False)
+
+    async def load_all(self) -> None:
+        try:
+            for kind in self.kinds:
+                progress = LoadProgress(kind.name)
+                try:
+                    await asyncio.to_thread(kind.load, progress)
+                finally:
+                    progress.close()
+                await kind.start()
+                log.info("session kind ready", extra={"kind": kind.name})
+        except Exception as exc:  # any load failure is fatal for serving, never silent
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.exception("model loading failed")
+            if self.on_fatal is not None:
+                self.on_fatal(self.load_error)
+            return
+        self.ready = True
+        self.ready_gauge.set(1)
+        self.announce_ready()
+
+    def announce_ready(self) -> None:
+        """Log the one ``ready`` line with the URL once the server listens and models are warm."""
+        if self.ready and self.url and not self._announced:
+            self._announced = True
+            log.info(
+                "ready", extra={"url": self.url, "kinds": ",".join(k.name for k in self.kinds) or "none"}
+            )
+
+    async def drain(self) -> int:
+        """Close all websockets with 1001 within the configured bound; idempotent."""
+        if self.draining:
+            return 0
+        self.draining = True
+        self.ready = False
+        self.ready_gauge.set(0)
+        return await self.context.connections.close_all(
+            "server shutting down", self.config.server.shutdown_timeout_s
+        )
+
+    async def stop(self) -> None:
+        if self._load_task is not None and not self._load_task.done():
+            self._load_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._load_task
+        await self.drain()
+        for kind in reversed(self.kinds):
+            try:
+                await kind.stop()
+            except Exception:
+                log.exception("session kind stop failed", extra={"kind": kind.name})
+
+
+class _NotReadyGuard:
+    """Closes websockets with 1013 while models load or the server drains."""
+
+    def __init__(self, app: ASGIApp, state: AppState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and (not self.state.ready or self.state.draining):
+            await receive()  # websocket.connect
+            await send({"type": "websocket.accept"})
+            reason = "server is shutting down" if self.state.draining else "server is loading models"
+            await send({"type": "websocket.close", "code": TRY_AGAIN_LATER, "reason": reason})
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app(config: DeployConfig) -> Starlette:
+    registry = CollectorRegistry()
+    ready_gauge = Gauge("realtime_ready", "1 once every session kind is loaded and warmed", registry=registry)
+    Info("realtime_build", "server build information", registry=registry).info({"version": __version__})
+    connections = ConnectionRegistry()
+    context = ServerContext(config=config, registry=registry, connections=connections)
+    conn_gauge = Gauge(
+        "realtime_websocket_connections", "open websocket connections", ["kind"], registry=registry
+    )
+    kinds = [build_kind(name, context) for name in config.enabled_kinds()]
+    for kind in kinds:
+        conn_gauge.labels(kind=kind.name).set_function(lambda k=kind.name: connections.count(k))
+    state = AppState(config=config, context=context, kinds=kinds, ready_gauge=ready_gauge)
+
+    async def healthz(_: Request) -> Response:
+        return PlainTextResponse("OK\n")
+
+    async def readyz(_: Request) -> Response:
+        if state.ready:
+            return PlainTextResponse("ready\n")
+        reason = "draining" if state.draining else (state.load_error or "loading models")
+        return PlainTextResponse(f"not ready: {reason}\n", status_code=503)
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def list_models(_: Request) -> Response:
+        data = []
+        for kind in kinds:
+            for m in kind.models():
+                data.append(
+                    {
+                        "id": m.id,
+                        "object": "model",
+                        "owned_by": "realtime-sessions",
+                        "session_kind": m.session_kind,
+                        "endpoints": list(m.endpoints),
+                        **({"details": m.details} if m.details else {}),
+                    }
+                )
+        return JSONResponse({"object": "list", "data": data, "session_kinds": [k.name for k in kinds]})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette):
+        state._load_task = asyncio.create_task(state.load_all(), name="load-models")
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    routes = [
+        Route("/healthz", healthz),
+        Route("/readyz", readyz),
+        Route("/metrics", metrics),
+        Route("/v1/models", list_models),
+    ]
+    for kind in kinds:
+        routes.extend(kind.routes())
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.rt = state
+    app.add_middleware(_NotReadyGuard, state=state)
+    return app

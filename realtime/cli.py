@@ -1,0 +1,73 @@
+"""Command line: ``realtime serve``, ``realtime bench <scenario>``, ``realtime --version``.
+
+Errors a user can fix (bad config, busy port) print one line on stderr and exit 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from realtime import __version__
+from realtime.bench import SCENARIOS, run_scenario
+from realtime.config import ConfigError, load_config
+from realtime.logs import configure_logging
+
+log = logging.getLogger("realtime.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="realtime", description="Realtime websocket session server.")
+    parser.add_argument("--version", action="version", version=f"realtime-sessions {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="serve the session kinds of a deploy config")
+    serve.add_argument("--config", help="deploy config YAML (default: the embedded deploy/default.yaml)")
+    serve.add_argument("--host", help="bind address (overrides server.host)")
+    serve.add_argument("--port", type=int, help="port; 0 picks a free one (overrides server.port)")
+    serve.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="overrides server.log_level"
+    )
+    serve.add_argument("--log-format", choices=["text", "json"], help="overrides server.log_format")
+
+    bench = sub.add_parser("bench", help="run a benchmark scenario against its peer")
+    bench.add_argument("scenario", choices=sorted(SCENARIOS))
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="scenario options (see --help of each)")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"realtime: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level or config.server.log_level, args.log_format or config.server.log_format)
+    from realtime.server import build_server  # imported late: pulls in torch via the session kinds
+
+    server = build_server(config, host=args.host, port=args.port)
+    try:
+        server.run()
+    except OSError as exc:
+        print(f"realtime: cannot serve: {exc}", file=sys.stderr)
+        return 2
+    if server.fatal_error:
+        print(f"realtime: model loading failed: {server.fatal_error}", file=sys.stderr)
+        return 1
+    if not server.started:
+        print("realtime: server did not start (see the log above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    configure_logging("warning")
+    return run_scenario(args.scenario, args.args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

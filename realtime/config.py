@@ -1,0 +1,247 @@
+"""Deploy configuration: typed dataclasses loaded from YAML with strict validation.
+
+Contract:
+- ``load_config(path)`` returns a fully validated :class:`DeployConfig` or raises
+  :class:`ConfigError` whose ``str()`` is one line naming the file, the dotted field and the reason.
+- Unknown keys are rejected (a typo must never be silently ignored).
+- Values are checked against the dataclass annotations (``bool`` is not an ``int``; ``int`` is
+  accepted where ``float`` is expected); each section may add range checks in ``validate()``.
+- ``default_config_path()`` is the embedded ``deploy/default.yaml`` shipped inside the package.
+
+Every field is documented in ``docs/configuration.md``; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(Exception):
+    """A deploy config could not be loaded; ``str()`` is one line: file, field, reason."""
+
+    def __init__(self, file: str, field_path: str, reason: str) -> None:
+        self.file = file
+        self.field_path = field_path
+        self.reason = reason
+        where = f" field '{field_path}'" if field_path else ""
+        super().__init__(f"config error in {file}:{where} {reason}")
+
+
+class _FieldError(Exception):
+    def __init__(self, field_path: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field_path = field_path
+        self.reason = reason
+
+
+def _finite_non_negative(path: str, value: float) -> None:
+    if not math.isfinite(value) or value < 0:
+        raise _FieldError(path, f"must be a finite number >= 0, got {value!r}")
+
+
+def _positive(path: str, value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise _FieldError(path, f"must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"
+    shutdown_timeout_s: float = 10.0
+    ws_ping_interval_s: float = 20.0
+    ws_ping_timeout_s: float = 20.0
+    max_message_bytes: int = 64 * 1024 * 1024
+    api_keys: tuple[str, ...] = ()
+
+    def validate(self, path: str) -> None:
+        if not 0 <= self.port <= 65535:
+            raise _FieldError(f"{path}.port", f"must be in 0..65535, got {self.port}")
+        _positive(f"{path}.shutdown_timeout_s", self.shutdown_timeout_s)
+        _positive(f"{path}.ws_ping_interval_s", self.ws_ping_interval_s)
+        _positive(f"{path}.ws_ping_timeout_s", self.ws_ping_timeout_s)
+        _positive(f"{path}.max_message_bytes", self.max_message_bytes)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Session runtime limits shared by every session kind (see docs/configuration.md)."""
+
+    memory_budget_fraction: float = 0.9
+    memory_available_bytes: int | None = None
+    max_sessions: int | None = None
+    over_capacity: Literal["reject", "queue"] = "reject"
+    max_queued_sessions: int = 16
+    evict_idle_lru: bool = False
+    max_pending_events: int = 64
+
+    def validate(self, path: str) -> None:
+        if not 0 < self.memory_budget_fraction <= 1:
+            raise _FieldError(f"{path}.memory_budget_fraction", "must be in (0, 1]")
+        if self.memory_available_bytes is not None:
+            _positive(f"{path}.memory_available_bytes", self.memory_available_bytes)
+        if self.max_sessions is not None:
+            _positive(f"{path}.max_sessions", self.max_sessions)
+        _finite_non_negative(f"{path}.max_queued_sessions", self.max_queued_sessions)
+        _positive(f"{path}.max_pending_events", self.max_pending_events)
+
+
+@dataclass(frozen=True)
+class RobotConfig:
+    """Robot policy sessions over the OpenPI protocol."""
+
+    enabled: bool = False
+    policy: str = "pi0-tiny"
+    idle_timeout_s: float = 30.0
+    max_lifetime_s: float = 0.0
+
+    def validate(self, path: str) -> None:
+        _finite_non_negative(f"{path}.idle_timeout_s", self.idle_timeout_s)
+        _finite_non_negative(f"{path}.max_lifetime_s", self.max_lifetime_s)
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    """AR-diffusion world sessions."""
+
+    enabled: bool = False
+    model: str = "world-tiny"
+    idle_timeout_s: float = 120.0
+    max_lifetime_s: float = 0.0
+
+    def validate(self, path: str) -> None:
+        _finite_non_negative(f"{path}.idle_timeout_s", self.idle_timeout_s)
+        _finite_non_negative(f"{path}.max_lifetime_s", self.max_lifetime_s)
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    robot: RobotConfig = field(default_factory=RobotConfig)
+    world: WorldConfig = field(default_factory=WorldConfig)
+
+    def enabled_kinds(self) -> list[str]:
+        """Names of the session kinds this deployment serves, in a stable order."""
+        return [name for name in ("robot", "world") if getattr(self, name).enabled]
+
+
+def default_config_path() -> Path:
+    """The embedded default deploy config shipped inside the ``deploy`` package."""
+    return Path(str(resources.files("deploy").joinpath("default.yaml")))
+
+
+def load_config(path: str | Path | None = None) -> DeployConfig:
+    """Load and validate a deploy config; ``None`` loads the embedded default."""
+    cfg_path = Path(path) if path is not None else default_config_path()
+    name = str(cfg_path)
+    try:
+        text = cfg_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(name, "", "file not found") from None
+    except OSError as exc:
+        raise ConfigError(name, "", f"cannot read file ({exc.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(name, "", f"invalid YAML{where}: {problem}") from None
+    return config_from_mapping(raw if raw is not None else {}, source=name)
+
+
+def config_from_mapping(raw: Any, source: str = "<config>") -> DeployConfig:
+    """Build a validated config from already-parsed data (used by tests and Ray Serve)."""
+    try:
+        return _build(DeployConfig, raw, "")
+    except _FieldError as exc:
+        raise ConfigError(source, exc.field_path, exc.reason) from None
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _build(cls: type, raw: Any, path: str) -> Any:
+    if not isinstance(raw, dict):
+        raise _FieldError(path or "<root>", f"must be a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        key = unknown[0]
+        raise _FieldError(
+            f"{path}.{key}" if path else str(key),
+            f"unknown key (allowed: {', '.join(sorted(fields))})",
+        )
+    values = {}
+    for key, value in raw.items():
+        sub = f"{path}.{key}" if path else key
+        values[key] = _convert(hints[key], value, sub)
+    obj = cls(**values)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        validate(path)
+    return obj
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, path)
+            except _FieldError as exc:
+                errors.append(exc.reason)
+        raise _FieldError(
+            path, errors[0] if len(errors) == 1 else f"expected {_type_name(tp)}, got {value!r}"
+        )
+    if origin is Literal:
+        if value not in args:
+            raise _FieldError(path, f"must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise _FieldError(path, f"expected a list, got {type(value).__name__}")
+        return tuple(_convert(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _FieldError(path, f"expected a mapping, got {type(value).__name__}")
+        return {_convert(args[0], k, path): _convert(args[1], v, f"{path}.{k}") for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _FieldError(path, f"expected a number, got {type(value).__name__} {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _FieldError(path, f"expected an integer, got {type(value).__name__} {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _FieldError(path, f"expected true or false, got {type(value).__name__} {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise _FieldError(path, f"expected a string, got {type(value).__name__} {value!r}")
+        return value
+    raise _FieldError(path, f"unsupported field type {_type_name(tp)}")
