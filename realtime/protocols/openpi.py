@@ -1,0 +1,369 @@
+"""OpenPI websocket protocol, sans-I/O: frames in -> typed commands out, typed events in -> frames out.
+
+Wire format (matches ``openpi_client.msgpack_numpy`` of openpi-client 0.1.2 byte for byte, see
+reference ``openpi-and-robot-policy-servers.md`` §2.5):
+
+- ndarray -> map ``{b"__ndarray__": True, b"data": <C-order bytes>, b"dtype": dtype.str,
+  b"shape": [..]}`` with the four marker keys as msgpack **bin** (Python ``bytes`` literals);
+- numpy scalar -> ``{b"__npgeneric__": True, b"data": <native value>, b"dtype": dtype.str}``;
+- object (``O``), void/structured (``V``) and complex (``c``) dtypes are refused both ways;
+- inbound only, vllm-omni's legacy markers ``{nd: True, type, kind, shape, data}`` (arrays) and
+  ``{nd: False, type, data}`` (scalars), keys as bin or str; ``kind`` ``O``/``V`` is refused
+  (the original msgpack-numpy would unpickle ``O``: there is no pickle here, ever).
+
+Decoded arrays are zero-copy read-only views over the received bin payloads
+(``np.frombuffer``), exactly like openpi's; consumers must copy before any in-place change. A
+marker whose byte count does not equal ``prod(shape) * itemsize`` is refused (openpi silently
+accepts trailing bytes).
+
+Session sequence (reference §2.2): the server sends the msgpack metadata frame **first**, before
+reading anything; then strictly one response per request, in request order. Requests are an
+observation map (answered with ``{"actions", "server_timing", "policy_timing"}``) or
+``{"endpoint": "reset"}`` (answered with ``{"status": "reset successful"}``, as vllm-omni).
+
+Errors: in ``"recoverable"`` mode (default) a bad request is answered with the binary frame
+``{"type": "error", "code", "message"}`` and the session goes on (vllm-omni's in-band form plus
+a machine-readable ``code``). In ``"openpi"`` mode the reference server's behaviour is kept:
+a text frame, then close 1011 — but with a one-line message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgpack
+import numpy as np
+
+PROTOCOL = "openpi"
+PROTOCOL_VERSION = "0.1"
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+INTERNAL_ERROR = 1011
+RESET_OK = {"status": "reset successful"}
+
+ErrorMode = Literal["recoverable", "openpi"]
+_REFUSED_KINDS = frozenset("VOc")
+_MAX_NDIM = 32
+
+
+class ErrorCode(enum.StrEnum):
+    """Codes of ``{"type": "error", "code": ...}`` frames; documented in docs/protocols/openpi.md."""
+
+    TEXT_FRAME = "text_frame_unsupported"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    INVALID_PAYLOAD = "invalid_payload"
+    INVALID_ARRAY = "invalid_array"
+    UNSUPPORTED_DTYPE = "unsupported_dtype"
+    INVALID_OBSERVATION = "invalid_observation"
+    UNKNOWN_ENDPOINT = "unknown_endpoint"
+    TOO_MANY_PENDING = "too_many_pending_requests"
+    SESSION_LIMIT = "session_limit_reached"
+    SESSION_FAILED = "session_failed"
+    INTERNAL = "internal_error"
+
+
+class CodecError(ValueError):
+    """A frame could not be decoded; ``code`` is an :class:`ErrorCode`."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# --------------------------------------------------------------------------- msgpack-numpy
+
+
+def _refuse_dtype(dtype: np.dtype) -> None:
+    if dtype.kind in _REFUSED_KINDS:
+        raise CodecError(
+            ErrorCode.UNSUPPORTED_DTYPE, f"unsupported dtype {dtype.str!r} (kind {dtype.kind!r})"
+        )
+
+
+def _pack_numpy(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray | np.generic):
+        if obj.dtype.kind in _REFUSED_KINDS:
+            raise ValueError(f"Unsupported dtype: {obj.dtype}")
+        if isinstance(obj, np.ndarray):
+            return {
+                b"__ndarray__": True,
+                b"data": obj.tobytes(),
+                b"dtype": obj.dtype.str,
+                b"shape": obj.shape,
+            }
+        return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+def packb(obj: Any) -> bytes:
+    """Serialize like ``openpi_client.msgpack_numpy.packb`` (identical bytes)."""
+    return msgpack.packb(obj, default=_pack_numpy)
+
+
+def _dtype(raw: Any) -> np.dtype:
+    if isinstance(raw, bytes):
+        raw = raw.decode("ascii", "replace")
+    if not isinstance(raw, str):
+        raise CodecError(ErrorCode.INVALID_ARRAY, f"dtype must be a string, got {type(raw).__name__}")
+    try:
+        dtype = np.dtype(raw)
+    except (TypeError, ValueError, SyntaxError):
+        raise CodecError(ErrorCode.UNSUPPORTED_DTYPE, f"unknown dtype {raw[:40]!r}") from None
+    _refuse_dtype(dtype)
+    return dtype
+
+
+def _ndarray(data: Any, dtype_raw: Any, shape_raw: Any) -> np.ndarray:
+    dtype = _dtype(dtype_raw)
+    if not isinstance(data, bytes):
+        raise CodecError(ErrorCode.INVALID_ARRAY, "array data must be msgpack bin")
+    if not isinstance(shape_raw, list | tuple) or len(shape_raw) > _MAX_NDIM:
+        raise CodecError(ErrorCode.INVALID_ARRAY, f"array shape must be a list of at most {_MAX_NDIM} ints")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape_raw):
+        raise CodecError(ErrorCode.INVALID_ARRAY, "array shape entries must be ints >= 0")
+    expected = math.prod(shape_raw) * dtype.itemsize
+    if expected != len(data):
+        raise CodecError(
+            ErrorCode.INVALID_ARRAY,
+            f"array of shape {list(shape_raw)} and dtype {dtype.str} needs {expected} bytes, got {len(data)}",
+        )
+    return np.ndarray(buffer=data, dtype=dtype, shape=tuple(shape_raw))
+
+
+def _npgeneric(data: Any, dtype_raw: Any) -> np.generic:
+    dtype = _dtype(dtype_raw)
+    try:
+        return dtype.type(data)
+    except (TypeError, ValueError, OverflowError):
+        raise CodecError(ErrorCode.INVALID_ARRAY, f"bad {dtype.str} scalar value") from None
+
+
+def _legacy(obj: dict, key: str) -> Any:
+    return obj[key.encode()] if key.encode() in obj else obj[key]
+
+
+def _object_hook(obj: dict) -> Any:
+    try:
+        if b"__ndarray__" in obj:
+            return _ndarray(obj[b"data"], obj[b"dtype"], obj[b"shape"])
+        if b"__npgeneric__" in obj:
+            return _npgeneric(obj[b"data"], obj[b"dtype"])
+        if _is_legacy(obj):
+            return _legacy_numpy(obj)
+    except KeyError as exc:
+        raise CodecError(ErrorCode.INVALID_ARRAY, f"numpy marker without key {exc.args[0]!r}") from None
+    return obj
+
+
+def _is_legacy(obj: dict) -> bool:
+    return all(k.encode() in obj or k in obj for k in ("nd", "type", "data"))
+
+
+def _legacy_numpy(obj: dict) -> Any:
+    """vllm-omni's (lebedov msgpack-numpy) markers; ``kind`` O would mean pickle: refused."""
+    kind = obj.get(b"kind", obj.get("kind", b""))
+    if kind not in (b"", ""):
+        raise CodecError(ErrorCode.UNSUPPORTED_DTYPE, f"legacy array kind {kind!r} is not supported")
+    if _legacy(obj, "nd") is True:
+        return _ndarray(_legacy(obj, "data"), _legacy(obj, "type"), _legacy(obj, "shape"))
+    dtype = _dtype(_legacy(obj, "type"))
+    data = _legacy(obj, "data")
+    if not isinstance(data, bytes) or len(data) != dtype.itemsize:
+        raise CodecError(ErrorCode.INVALID_ARRAY, f"legacy scalar needs {dtype.itemsize} bytes of data")
+    return np.frombuffer(data, dtype=dtype)[0]
+
+
+def unpackb(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Any:
+    """Deserialize an openpi (or legacy vllm-omni) msgpack-numpy message, refusing bad input.
+
+    Raises :class:`CodecError` (never anything else) for oversize, malformed msgpack, trailing
+    bytes, bad markers and refused dtypes.
+    """
+    if len(data) > max_bytes:
+        raise CodecError(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes",
+        )
+    try:
+        return msgpack.unpackb(data, object_hook=_object_hook, raw=False)
+    except CodecError:
+        raise
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
+        raise CodecError(
+            ErrorCode.INVALID_PAYLOAD, f"not a valid msgpack message ({type(exc).__name__})"
+        ) from None
+
+
+# --------------------------------------------------------------------------- commands and events
+
+
+@dataclass(frozen=True)
+class Infer:
+    """Run the policy on ``observation``; ``session_id`` is the client's optional episode id."""
+
+    seq: int
+    observation: Mapping[str, Any]
+    session_id: str | None
+
+
+@dataclass(frozen=True)
+class Reset:
+    """``{"endpoint": "reset"}``: clear the session's policy state."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A request that could not be parsed; it is owed an :class:`Error` reply like any other."""
+
+    seq: int
+    code: ErrorCode
+    message: str
+
+
+Command = Infer | Reset | Rejected
+
+
+@dataclass(frozen=True)
+class Actions:
+    """The answer to an :class:`Infer`; timings feed openpi's latency harness keys."""
+
+    seq: int
+    actions: np.ndarray
+    server_timing: Mapping[str, float]
+    policy_timing: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class ResetDone:
+    seq: int
+
+
+@dataclass(frozen=True)
+class Error:
+    seq: int
+    code: ErrorCode
+    message: str
+
+
+Reply = Actions | ResetDone | Error
+
+
+@dataclass(frozen=True)
+class Outbound:
+    """Frames to send, in order, then an optional close ``(code, reason)``."""
+
+    frames: tuple[bytes | str, ...]
+    close: tuple[int, str] | None = None
+
+
+class State(enum.Enum):
+    HANDSHAKE = "handshake"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass
+class ServerConnection:
+    """The server side of one OpenPI connection.
+
+    ``start(metadata)`` must come first; then every ``receive(frame)`` yields one command that is
+    owed exactly one reply, and ``reply(event)`` must answer the oldest owed command (strict
+    request/response order). At most ``max_pending`` commands may be owed at once; a client that
+    pipelines further gets ``too_many_pending_requests`` for the excess.
+    """
+
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    error_mode: ErrorMode = "recoverable"
+    max_pending: int = 4
+    state: State = State.HANDSHAKE
+    _next_seq: int = 0
+    _owed: deque[int] = field(default_factory=deque)
+
+    def start(self, metadata: Mapping[str, Any]) -> bytes:
+        if self.state is not State.HANDSHAKE:
+            raise RuntimeError("metadata was already sent")
+        self.state = State.OPEN
+        return packb(dict(metadata))
+
+    @property
+    def pending(self) -> int:
+        return len(self._owed)
+
+    def receive(self, frame: bytes | str) -> Command:
+        if self.state is not State.OPEN:
+            raise RuntimeError(f"cannot receive in state {self.state.value}")
+        seq = self._next_seq
+        self._next_seq += 1
+        self._owed.append(seq)
+        if len(self._owed) > self.max_pending:
+            return Rejected(
+                seq, ErrorCode.TOO_MANY_PENDING, f"more than {self.max_pending} requests in flight"
+            )
+        if isinstance(frame, str):
+            return Rejected(
+                seq, ErrorCode.TEXT_FRAME, "text frames are not accepted; send msgpack binary frames"
+            )
+        try:
+            message = unpackb(frame, self.max_message_bytes)
+        except CodecError as exc:
+            return Rejected(seq, exc.code, exc.message)
+        return _command(seq, message)
+
+    def reply(self, event: Reply) -> Outbound:
+        if self.state is not State.OPEN:
+            raise RuntimeError(f"cannot reply in state {self.state.value}")
+        if not self._owed or self._owed[0] != event.seq:
+            raise RuntimeError(f"reply to request {event.seq} out of order (owed: {list(self._owed)})")
+        self._owed.popleft()
+        if isinstance(event, Actions):
+            body = {
+                "actions": event.actions,
+                "server_timing": dict(event.server_timing),
+                "policy_timing": dict(event.policy_timing),
+            }
+            return Outbound((packb(body),))
+        if isinstance(event, ResetDone):
+            return Outbound((packb(RESET_OK),))
+        if self.error_mode == "openpi":
+            self.state = State.CLOSED
+            return Outbound((f"{event.code}: {event.message}",), (INTERNAL_ERROR, _reason(event.message)))
+        return Outbound((packb({"type": "error", "code": str(event.code), "message": event.message}),))
+
+    def fatal(self, code: ErrorCode, message: str, close_code: int) -> Outbound:
+        """Close the connection: an error frame in the configured form, then the close code."""
+        self.state = State.CLOSED
+        if self.error_mode == "openpi":
+            return Outbound((f"{code}: {message}",), (close_code, _reason(message)))
+        body = packb({"type": "error", "code": str(code), "message": message})
+        return Outbound((body,), (close_code, _reason(message)))
+
+
+def _reason(message: str) -> str:
+    """Close reasons are limited to 123 bytes by RFC 6455."""
+    return message.encode()[:123].decode("utf-8", "ignore")
+
+
+def _command(seq: int, message: Any) -> Command:
+    if not isinstance(message, dict):
+        return Rejected(
+            seq, ErrorCode.INVALID_PAYLOAD, f"expected a msgpack map, got {type(message).__name__}"
+        )
+    if not all(isinstance(k, str) for k in message):
+        return Rejected(seq, ErrorCode.INVALID_PAYLOAD, "observation keys must be strings")
+    if "endpoint" in message:
+        endpoint = message["endpoint"]
+        if endpoint == "reset":
+            return Reset(seq)
+        if endpoint != "infer":
+            return Rejected(seq, ErrorCode.UNKNOWN_ENDPOINT, f"unknown endpoint {str(endpoint)[:40]!r}")
+    session_id = message.get("session_id")
+    if session_id is not None and not isinstance(session_id, str | int):
+        return Rejected(seq, ErrorCode.INVALID_PAYLOAD, "session_id must be a string")
+    return Infer(seq, message, None if session_id is None else str(session_id))
