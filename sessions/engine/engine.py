@@ -1,0 +1,559 @@
+"""``StageEngine``: one model stage, batched across sessions, forwards off the event loop.
+
+Scheduling (one forward in flight per engine; decisions are taken only while the worker is free,
+so work that arrives during a forward simply joins the next batch):
+
+- A batch holds at most ``max_batch`` items and at most one item per session, oldest first.
+- It dispatches at once when ``max_batch`` sessions have ready work, or when at most
+  ``eager_remaining`` open sessions have nothing pending (with the default 0: every open
+  session has submitted, so waiting cannot grow the batch), or when ``coalesce_window_s`` is 0.
+- Otherwise it waits until the oldest ready item's arrival + ``coalesce_window_s``. The
+  deadline belongs to that item: later arrivals join the batch but never extend the wait.
+- Waiting allocates nothing; session state exists only between ``open`` and ``release``.
+- A streaming item whose ``block`` output channel is full is not ready (backpressure) and waits
+  without holding up other sessions.
+
+Results fan out to each item's future or chunk stream. A forward that raises fails every item of
+its batch with :class:`StageBatchError`; an ``Exception`` returned for one item fails only that
+item with :class:`StageItemError`. Either way the engine keeps serving.
+
+Epochs: ``bump_epoch(session_id, epoch)`` (or a submit with a newer epoch) drops the session's
+queued work and buffered chunks of older epochs, discards the result of its in-flight item and
+calls ``stage.abort`` when the stage supports it; their consumers get :class:`StaleEpochError`.
+
+The engine is a :class:`sessions.lifecycle.LifecycleBackend`: ``release`` fails the session's
+pending work with :class:`SessionReleasedError` and frees its slot after any in-flight forward.
+All public methods must be called on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from models.stage import AbortableStage, ModelStage, StageItem, StageOutput
+from sessions.engine.channels import BackpressurePolicy, Channel, Chunk, check_capacity, check_policy
+from sessions.engine.errors import (
+    EngineClosedError,
+    EngineConfigError,
+    EngineError,
+    QueueFullError,
+    SessionNotOpenError,
+    SessionReleasedError,
+    StageBatchError,
+    StageItemError,
+    StaleEpochError,
+)
+from sessions.engine.metrics import engine_metrics
+from sessions.engine.slots import Slot, SlotTable
+from sessions.engine.streams import ChunkStream
+from sessions.engine.worker import DeviceWorker
+from sessions.lifecycle import ReleaseReason
+
+log = logging.getLogger("sessions.engine")
+
+DEFAULT_MAX_SESSIONS = 256
+
+
+def check_stall_timeout(value: float) -> float:
+    """Validate a stall deadline: finite and >= 0; 0 disables it (with a warning)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise EngineConfigError(f"stall_timeout_s must be a finite number >= 0 (0 disables), got {value!r}")
+    if value == 0:
+        log.warning("stall deadline disabled (stall_timeout_s=0): a stalled stage will hang its streams")
+    return float(value)
+
+
+@dataclass(eq=False)
+class _Stream:
+    """Engine side of one chunk stream."""
+
+    session_id: str
+    epoch: int
+    channel: Channel
+    next_seq: int = 0
+    closed: bool = False  # failed or cancelled; nothing more is delivered
+
+    def fail(self, error: BaseException) -> None:
+        if not self.closed:
+            self.closed = True
+            self.channel.close(error)
+
+
+@dataclass(eq=False)
+class _Work:
+    session_id: str
+    epoch: int
+    payload: Any
+    seq: int
+    last: bool
+    step: int
+    arrived: float
+    future: asyncio.Future | None = None
+    stream: _Stream | None = None
+    dead: bool = False  # dropped while in flight; its outputs are discarded
+
+    def fail(self, error: BaseException) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_exception(error)
+        if self.stream is not None:
+            self.stream.fail(error)
+
+
+@dataclass(eq=False)
+class _Session:
+    slot: Slot
+    epoch: int = 0
+    pending: deque[_Work] = field(default_factory=deque)
+    inflight: _Work | None = None
+    streams: weakref.WeakSet[_Stream] = field(default_factory=weakref.WeakSet)
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    # Consumers that moved on (epoch bump, release) may never await; errors stay typed, not logged.
+    if not fut.cancelled():
+        fut.exception()
+
+
+class StageEngine:
+    """Owns one :class:`models.stage.ModelStage`, its worker thread and its slot table."""
+
+    def __init__(
+        self,
+        stage: ModelStage,
+        *,
+        registry: CollectorRegistry,
+        max_batch: int = 8,
+        coalesce_window_s: float = 0.010,
+        eager_remaining: int = 0,
+        max_pending: int = 1024,
+        max_sessions: int | None = None,
+        stream_buffer: int = 8,
+        backpressure: BackpressurePolicy = "block",
+        stall_timeout_s: float = 30.0,
+        worker: DeviceWorker | None = None,
+    ) -> None:
+        check_capacity("max_batch", max_batch)
+        check_capacity("max_pending", max_pending)
+        check_capacity("stream_buffer", stream_buffer)
+        check_policy(backpressure)
+        if not (isinstance(coalesce_window_s, int | float) and math.isfinite(coalesce_window_s)) or (
+            coalesce_window_s < 0
+        ):
+            raise EngineConfigError(
+                f"coalesce_window_s must be a finite number >= 0, got {coalesce_window_s!r}"
+            )
+        if isinstance(eager_remaining, bool) or not isinstance(eager_remaining, int) or eager_remaining < 0:
+            raise EngineConfigError(f"eager_remaining must be an integer >= 0, got {eager_remaining!r}")
+        capacity = (
+            max_sessions
+            if max_sessions is not None
+            else getattr(stage, "slot_capacity", DEFAULT_MAX_SESSIONS)
+        )
+        check_capacity("max_sessions", capacity)
+        stage_capacity = getattr(stage, "slot_capacity", None)
+        if stage_capacity is not None and capacity > stage_capacity:
+            raise EngineConfigError(
+                f"max_sessions {capacity} exceeds stage {stage.name!r} slot_capacity {stage_capacity}"
+            )
+        self.stage = stage
+        self.name = stage.name
+        self.max_batch = max_batch
+        self.coalesce_window_s = float(coalesce_window_s)
+        self.eager_remaining = eager_remaining
+        self.max_pending = max_pending
+        self.stream_buffer = stream_buffer
+        self.backpressure: BackpressurePolicy = backpressure
+        self.stall_timeout_s = check_stall_timeout(stall_timeout_s)
+        self._owns_worker = worker is None
+        self.worker = worker or DeviceWorker(stage.device, name=f"stage-{stage.name}")
+        self.slots = SlotTable(stage, self.worker, capacity)
+        self._abortable = isinstance(stage, AbortableStage)
+        self._sessions: dict[str, _Session] = {}
+        self._pending_count = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._closed = False
+        m = engine_metrics(registry)
+        self._m_batch = m.batch_size.labels(stage=self.name)
+        self._m_queue = m.queue_depth.labels(stage=self.name)
+        self._m_forward = m.forward_seconds.labels(stage=self.name)
+        self._m_item = m.item_seconds.labels(stage=self.name)
+        self._m_item_fail = m.failures.labels(stage=self.name, scope="item")
+        self._m_batch_fail = m.failures.labels(stage=self.name, scope="batch")
+        self._m_stale = m.stale_dropped.labels(stage=self.name)
+        self._m_dropped = m.backpressure_dropped.labels(stage=self.name)
+        self._m_stalls = m.stalls.labels(stage=self.name)
+        self._m_slots = m.slots_open.labels(stage=self.name)
+        self._m_bytes = m.slot_bytes.labels(stage=self.name)
+        self._m_channel = m.channel_depth.labels(stage=self.name)
+
+    # ----------------------------------------------------------------- sessions and slots
+
+    @property
+    def per_session_bytes(self) -> int:
+        """Resident bytes one session's slot holds (0 for a stateless stage)."""
+        return self.slots.per_session_bytes
+
+    @property
+    def active_sessions(self) -> int:
+        return len(self._sessions)
+
+    def epoch(self, session_id: str) -> int | None:
+        entry = self._sessions.get(session_id)
+        return None if entry is None else entry.epoch
+
+    async def open(self, session_id: str) -> Slot:
+        """Give ``session_id`` a slot (initialising the stage's state in it); idempotent."""
+        if self._closed:
+            raise EngineClosedError(f"stage {self.name!r} is closed")
+        self._ensure_started()
+        slot = await self.slots.open(session_id)
+        if session_id not in self._sessions:
+            self._sessions[session_id] = _Session(slot)
+        self._update_slot_gauges()
+        self._wake.set()
+        return slot
+
+    async def release(self, session_id: str, reason: ReleaseReason = "close") -> None:
+        """Drop the session's work and free its slot (idempotent; raises if the stage's release fails)."""
+        entry = self._sessions.pop(session_id, None)
+        if entry is not None:
+            error = SessionReleasedError(session_id, reason)
+            for work in entry.pending:
+                work.fail(error)
+            for sink in list(entry.streams):
+                sink.fail(error)
+            self._pending_count -= len(entry.pending)
+            entry.pending.clear()
+            self._kill_inflight(entry, error)
+            self._m_queue.set(self._pending_count)
+            self._wake.set()
+        try:
+            await self.slots.release(session_id)
+        finally:
+            self._update_slot_gauges()
+
+    async def evict(self, session_id: str) -> None:
+        """Release a session to make room (LRU eviction): the same path with reason ``evicted``."""
+        await self.release(session_id, "evicted")
+
+    # ----------------------------------------------------------------- work
+
+    def submit(
+        self, session_id: str, epoch: int, payload: Any, *, seq: int = 0, last: bool = True
+    ) -> asyncio.Future:
+        """Queue one item; the returned future resolves to its final output's payload.
+
+        Raises at once (typed): engine closed, session not open, stale epoch, queue full.
+        """
+        fut = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_retrieve)
+        self._enqueue(session_id, epoch, payload, seq, last, fut, None)
+        return fut
+
+    def stream(
+        self,
+        session_id: str,
+        epoch: int,
+        payload: Any,
+        *,
+        seq: int = 0,
+        last: bool = True,
+        buffer: int | None = None,
+        backpressure: BackpressurePolicy | None = None,
+    ) -> ChunkStream:
+        """Queue one item whose outputs stream as chunks (``seq`` from 0, the last one ``final``).
+
+        ``buffer`` / ``backpressure`` override the engine defaults for this stream's channel.
+        """
+        policy = backpressure or self.backpressure
+        check_policy(policy)
+        channel = Channel(
+            buffer or self.stream_buffer,
+            policy,
+            on_drop=lambda _chunk: self._m_dropped.inc(),
+            on_space=self._wake.set,
+            depth=self._m_channel,
+        )
+        sink = _Stream(session_id, epoch, channel)
+        self._enqueue(session_id, epoch, payload, seq, last, None, sink)
+        self._sessions[session_id].streams.add(sink)
+        return ChunkStream(
+            channel,
+            stage=self.name,
+            session_id=session_id,
+            stall_timeout_s=self.stall_timeout_s,
+            on_cancel=lambda error: self._cancel_stream(sink, error),
+            on_stall=self._m_stalls.inc,
+        )
+
+    def bump_epoch(self, session_id: str, epoch: int) -> int:
+        """Make ``epoch`` current for the session; returns how many stale items/chunks were dropped."""
+        entry = self._sessions.get(session_id)
+        if entry is None or epoch <= entry.epoch:
+            return 0
+        entry.epoch = epoch
+        dropped = 0
+        for sink in list(entry.streams):
+            if sink.epoch < epoch and not sink.closed:
+                dropped += sink.channel.purge(lambda _chunk: True)
+                sink.fail(StaleEpochError(session_id, sink.epoch, epoch))
+        kept: deque[_Work] = deque()
+        for work in entry.pending:
+            if work.epoch < epoch:
+                dropped += 1
+                work.fail(StaleEpochError(session_id, work.epoch, epoch))
+            else:
+                kept.append(work)
+        self._pending_count -= len(entry.pending) - len(kept)
+        entry.pending = kept
+        inflight = entry.inflight
+        if inflight is not None and inflight.epoch < epoch:
+            self._kill_inflight(entry, StaleEpochError(session_id, inflight.epoch, epoch))
+        self._m_stale.inc(dropped)
+        self._m_queue.set(self._pending_count)
+        self._wake.set()
+        return dropped
+
+    # ----------------------------------------------------------------- shutdown
+
+    async def close(self) -> None:
+        """Fail pending work, finish the in-flight forward, release every slot, stop the worker."""
+        if self._closed:
+            return
+        self._closed = True
+        error = EngineClosedError(f"stage {self.name!r} is shutting down")
+        for entry in self._sessions.values():
+            for work in entry.pending:
+                work.fail(error)
+            entry.pending.clear()
+        self._pending_count = 0
+        self._m_queue.set(0)
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        for slot in list(self.slots):
+            try:
+                await self.release(slot.session_id, "shutdown")
+            except Exception:
+                log.exception("slot release failed at shutdown", extra={"stage": self.name})
+        if self._owns_worker:
+            await self.worker.close()
+
+    # ----------------------------------------------------------------- internals
+
+    def _ensure_started(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._schedule(), name=f"engine-{self.name}")
+
+    def _enqueue(
+        self,
+        session_id: str,
+        epoch: int,
+        payload: Any,
+        seq: int,
+        last: bool,
+        future: asyncio.Future | None,
+        stream: _Stream | None,
+    ) -> None:
+        if self._closed:
+            raise EngineClosedError(f"stage {self.name!r} is closed")
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            raise SessionNotOpenError(self.name, session_id)
+        if epoch < entry.epoch:
+            raise StaleEpochError(session_id, epoch, entry.epoch)
+        if self._pending_count >= self.max_pending:
+            raise QueueFullError(self.name, self.max_pending)
+        if epoch > entry.epoch:
+            self.bump_epoch(session_id, epoch)
+        loop = asyncio.get_running_loop()
+        entry.pending.append(_Work(session_id, epoch, payload, seq, last, 0, loop.time(), future, stream))
+        self._pending_count += 1
+        self._m_queue.set(self._pending_count)
+        self._wake.set()
+
+    def _kill_inflight(self, entry: _Session, error: BaseException) -> None:
+        work = entry.inflight
+        if work is None or work.dead:
+            return
+        work.dead = True
+        work.fail(error)
+        if self._abortable:
+            try:
+                self.stage.abort(work.session_id)
+            except Exception:
+                log.exception("stage abort failed", extra={"stage": self.name})
+
+    def _cancel_stream(self, sink: _Stream, error: BaseException | None) -> None:
+        """The consumer stopped reading (closed early, stalled or failed): drop the stream's work."""
+        error = error or EngineError("stream cancelled by its consumer")
+        sink.fail(error)
+        entry = self._sessions.get(sink.session_id)
+        if entry is None:
+            return
+        before = len(entry.pending)
+        entry.pending = deque(w for w in entry.pending if w.stream is not sink)
+        self._pending_count -= before - len(entry.pending)
+        self._m_queue.set(self._pending_count)
+        if entry.inflight is not None and entry.inflight.stream is sink:
+            self._kill_inflight(entry, error)
+        self._wake.set()
+
+    def _ready(self) -> tuple[list[_Work], int]:
+        """Heads of the sessions' queues that can run now (oldest first) and sessions with work."""
+        ready, waiting_sessions = [], 0
+        for entry in self._sessions.values():
+            if not entry.pending:
+                continue
+            waiting_sessions += 1
+            head = entry.pending[0]
+            if head.stream is None or head.stream.channel.has_room():
+                ready.append(head)
+        ready.sort(key=lambda w: w.arrived)
+        return ready, waiting_sessions
+
+    async def _next_batch(self) -> list[_Work] | None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            self._wake.clear()
+            ready, waiting_sessions = self._ready()
+            timeout = None
+            if ready:
+                idle_sessions = len(self._sessions) - waiting_sessions
+                deadline = ready[0].arrived + self.coalesce_window_s
+                now = loop.time()
+                if len(ready) >= self.max_batch or idle_sessions <= self.eager_remaining or now >= deadline:
+                    return self._take(ready[: self.max_batch])
+                timeout = deadline - now
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                pass
+        return None
+
+    def _take(self, batch: list[_Work]) -> list[_Work]:
+        for work in batch:
+            entry = self._sessions[work.session_id]
+            entry.pending.popleft()
+            entry.inflight = work
+        self._pending_count -= len(batch)
+        self._m_queue.set(self._pending_count)
+        return batch
+
+    def _forward(self, items: list[StageItem]) -> tuple[Sequence[Any] | None, BaseException | None, float]:
+        """Runs on the worker thread."""
+        start = time.perf_counter()
+        try:
+            outputs = list(self.stage.forward(items))
+            if len(outputs) != len(items):
+                raise EngineError(f"forward returned {len(outputs)} outputs for {len(items)} items")
+            return outputs, None, time.perf_counter() - start
+        except Exception as exc:
+            return None, exc, time.perf_counter() - start
+
+    async def _schedule(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            if batch is None:
+                return
+            items = []
+            for work in batch:
+                slot = self._sessions[work.session_id].slot
+                items.append(
+                    StageItem(
+                        work.session_id,
+                        work.epoch,
+                        work.payload,
+                        work.seq,
+                        work.step,
+                        work.last,
+                        slot.index,
+                        slot.state,
+                    )
+                )
+            self._m_batch.observe(len(batch))
+            try:
+                outputs, error, seconds = await self.worker.run(self._forward, items)
+            except BaseException as exc:  # the worker itself failed (closed, interpreter exit)
+                outputs, error, seconds = None, exc, 0.0
+            del items
+            self._m_forward.observe(seconds)
+            try:
+                self._fan_out(batch, outputs, error)
+            except Exception:  # a bug here must not kill the engine for every session
+                log.exception("engine fan-out failed", extra={"stage": self.name})
+                for work in batch:
+                    work.fail(EngineError("internal engine error"))
+
+    def _fan_out(
+        self, batch: list[_Work], outputs: Sequence[Any] | None, error: BaseException | None
+    ) -> None:
+        now = asyncio.get_running_loop().time()
+        if error is not None:
+            self._m_batch_fail.inc(len(batch))
+            log.error(
+                "stage forward failed for a batch of %d: %r", len(batch), error, extra={"stage": self.name}
+            )
+        for i, work in enumerate(batch):
+            entry = self._sessions.get(work.session_id)
+            if entry is not None and entry.inflight is work:
+                entry.inflight = None
+            if work.dead:
+                if entry is not None and work.epoch < entry.epoch:
+                    self._m_stale.inc()  # the in-flight chunk of an older epoch is dropped here
+                continue
+            if entry is None:  # released between dispatch and now (already failed by release)
+                continue
+            if error is not None:
+                work.fail(StageBatchError(self.name, len(batch), error))
+                continue
+            out = outputs[i]
+            if isinstance(out, BaseException):
+                self._m_item_fail.inc()
+                work.fail(StageItemError(self.name, work.session_id, out))
+                continue
+            if not isinstance(out, StageOutput):
+                out = StageOutput(out)
+            self._m_item.observe(now - work.arrived)
+            if work.stream is not None:
+                if work.stream.closed:
+                    continue
+                work.stream.channel.put_nowait(
+                    Chunk(work.session_id, work.epoch, work.stream.next_seq, out.payload, out.final)
+                )
+                work.stream.next_seq += 1
+            elif out.final:
+                if not work.future.done():
+                    work.future.set_result(out.payload)
+            if not out.final:
+                payload = work.payload if out.next_input is None else out.next_input
+                entry.pending.appendleft(
+                    _Work(
+                        work.session_id,
+                        work.epoch,
+                        payload,
+                        work.seq,
+                        work.last,
+                        work.step + 1,
+                        now,
+                        work.future,
+                        work.stream,
+                    )
+                )
+                self._pending_count += 1
+        self._m_queue.set(self._pending_count)
+
+    def _update_slot_gauges(self) -> None:
+        self._m_slots.set(len(self.slots))
+        self._m_bytes.set(self.slots.bytes_in_use)

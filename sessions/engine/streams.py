@@ -1,0 +1,81 @@
+"""``ChunkStream``: the consumer's async iterator over one request's chunks.
+
+It ends after the chunk with ``final=True``. It enforces the stall deadline between chunks:
+while the consumer waits, if no chunk arrives within ``stall_timeout_s`` of starting to wait,
+the stream fails with :class:`StallError` and its remaining work is cancelled. The deadline
+measures the producer only: time the consumer spends away from the stream (a slow reader under
+backpressure) never counts. Closing the stream early (``aclose``, or leaving an ``async for``
+through an exception) cancels the remaining work too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from sessions.engine.channels import Channel, Chunk
+from sessions.engine.errors import StallError
+
+
+class ChunkStream:
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        stage: str,
+        session_id: str,
+        stall_timeout_s: float,
+        on_cancel: Callable[[BaseException | None], None],
+        on_stall: Callable[[], None] | None = None,
+    ) -> None:
+        self.stage = stage
+        self.session_id = session_id
+        self._channel = channel
+        self._stall_timeout_s = stall_timeout_s
+        self._on_cancel = on_cancel
+        self._on_stall = on_stall
+        self._done = False
+
+    def __aiter__(self) -> ChunkStream:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            if self._stall_timeout_s > 0:
+                chunk = await asyncio.wait_for(self._channel.get(), self._stall_timeout_s)
+            else:
+                chunk = await self._channel.get()
+        except TimeoutError:
+            error = StallError(self.stage, self.session_id, self._stall_timeout_s)
+            if self._on_stall is not None:
+                self._on_stall()
+            self._finish(error)
+            raise error from None
+        except BaseException as exc:
+            self._finish(exc)
+            raise
+        if chunk is None:
+            self._done = True
+            raise StopAsyncIteration
+        if chunk.final:
+            self._done = True
+        return chunk
+
+    async def collect(self) -> list[Chunk]:
+        """Every chunk up to and including the final one."""
+        return [chunk async for chunk in self]
+
+    def cancel(self) -> None:
+        """Stop the stream now; pending work is dropped and in-flight work aborted if possible."""
+        self._finish(None)
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._on_cancel(error)
