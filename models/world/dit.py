@@ -1,0 +1,215 @@
+"""Causal DiT: block-autoregressive video diffusion transformer (Wan / Self-Forcing in miniature).
+
+Layout of one forward:
+
+- latents ``[B, F, C, H, W]`` are patchified (``patch`` x ``patch``) into ``tokens_per_frame``
+  tokens per frame, frame-major, plus a learned spatial embedding;
+- each frame carries its own conditioning ``c = time_emb(sigma) + action_emb(action)``, fed to
+  every block through adaLN modulation (shift/scale/gate for attention and MLP);
+- blocks: self-attention -> text cross-attention -> MLP;
+- self-attention applies temporal RoPE with the **absolute** latent frame index to q and k, so
+  cached keys are stored already roped and stay valid however the window rolls;
+- the frame positions, the visibility mask and optional past keys/values (the resident rolling KV)
+  are arguments: the same code runs a cached block forward (past K/V gathered from the pool, all
+  visible) and a full masked recompute (``block_causal_mask`` over every frame), which is what
+  makes "cached forward == full recompute" testable exactly.
+
+``forward`` returns the predicted clean latents (x0) and, per layer, the roped K and V of the
+input tokens so that a clean pass can commit them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.world.configs import WorldModelConfig
+
+KV = tuple[Tensor, Tensor]  # [B, N, heads, head_dim] each
+
+
+def block_causal_mask(
+    q_frames: Tensor, k_frames: Tensor, frames_per_block: int, sink: int, window: int
+) -> Tensor:
+    """Boolean mask (True = attend) for tokens with the given frame indices, ``[Nq, Nk]``.
+
+    A query in block ``b`` (start ``s = b * frames_per_block``) sees its own block, and past
+    frames ``f < s`` that are sink frames (``f < sink``) or inside the window (``f >= s - window``).
+    """
+    qb = q_frames // frames_per_block
+    start = (qb * frames_per_block)[:, None]
+    same_block = qb[:, None] == (k_frames // frames_per_block)[None, :]
+    kf = k_frames[None, :]
+    visible = (kf < start) & ((kf < sink) | (kf >= start - window))
+    return same_block | visible
+
+
+def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotate ``x [B, N, H, D]`` by the frame index of each token ``positions [B, N]``.
+
+    Angles are computed in float64 from the integer positions, so any position (no table horizon)
+    gives the same values in the cached and the recompute path.
+    """
+    half = x.shape[-1] // 2
+    freqs = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) / half)
+    angles = positions.to(torch.float64)[..., None] * freqs  # [B, N, half]
+    cos = angles.cos().to(x.dtype)[:, :, None, :]
+    sin = angles.sin().to(x.dtype)[:, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def timestep_embedding(sigma: Tensor, dim: int) -> Tensor:
+    """Sinusoidal embedding of ``sigma * 1000`` for ``sigma [...]`` -> ``[..., dim]``."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10_000) * torch.arange(half, device=sigma.device, dtype=sigma.dtype) / half)
+    args = (sigma * 1000.0)[..., None] * freqs
+    return torch.cat([args.cos(), args.sin()], dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: WorldModelConfig) -> None:
+        super().__init__()
+        self.heads, self.theta = cfg.heads, cfg.rope_theta
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
+        self.q_norm = RMSNorm(cfg.head_dim)
+        self.k_norm = RMSNorm(cfg.head_dim)
+        self.out = nn.Linear(cfg.dim, cfg.dim)
+
+    def forward(self, x: Tensor, positions: Tensor, mask: Tensor, past: KV | None) -> tuple[Tensor, KV]:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).unbind(2)
+        q = rope(self.q_norm(q), positions, self.theta)
+        k = rope(self.k_norm(k), positions, self.theta)
+        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 1), torch.cat([past[1], v], 1))
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
+        )
+        return self.out(y.transpose(1, 2).reshape(b, n, d)), (k, v)
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, cfg: WorldModelConfig) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.q = nn.Linear(cfg.dim, cfg.dim)
+        self.kv = nn.Linear(cfg.dim, 2 * cfg.dim)
+        self.out = nn.Linear(cfg.dim, cfg.dim)
+
+    def project(self, ctx: Tensor) -> KV:
+        """The cross-attention cache entry of one prompt: K, V ``[B, L, heads, head_dim]``."""
+        b, length, d = ctx.shape
+        k, v = self.kv(ctx).view(b, length, 2, self.heads, d // self.heads).unbind(2)
+        return k, v
+
+    def forward(self, x: Tensor, kv: KV) -> Tensor:
+        b, n, d = x.shape
+        q = self.q(x).view(b, n, self.heads, d // self.heads).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, kv[0].transpose(1, 2), kv[1].transpose(1, 2))
+        return self.out(y.transpose(1, 2).reshape(b, n, d))
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, cfg: WorldModelConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.dim, elementwise_affine=False, eps=1e-6)
+        self.attn = SelfAttention(cfg)
+        self.norm_cross = nn.LayerNorm(cfg.dim, eps=1e-6)
+        self.cross = CrossAttention(cfg)
+        self.norm2 = nn.LayerNorm(cfg.dim, elementwise_affine=False, eps=1e-6)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.dim, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, cfg.dim)
+        )
+        self.modulation = nn.Linear(cfg.dim, 6 * cfg.dim)
+
+    def forward(
+        self, x: Tensor, c: Tensor, positions: Tensor, mask: Tensor, cross_kv: KV, past: KV | None
+    ) -> tuple[Tensor, KV]:
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(F.silu(c)).chunk(6, dim=-1)
+        h, kv = self.attn(self.norm1(x) * (1 + scale1) + shift1, positions, mask, past)
+        x = x + gate1 * h
+        x = x + self.cross(self.norm_cross(x), cross_kv)
+        x = x + gate2 * self.mlp(self.norm2(x) * (1 + scale2) + shift2)
+        return x, kv
+
+
+class CausalDiT(nn.Module):
+    def __init__(self, cfg: WorldModelConfig) -> None:
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        patch_dim = cfg.latent_channels * cfg.patch * cfg.patch
+        self.patch_embed = nn.Linear(patch_dim, cfg.dim)
+        self.pos_embed = nn.Parameter(torch.randn(cfg.tokens_per_frame, cfg.dim) * 0.02)
+        self.time_embed = nn.Sequential(nn.Linear(256, cfg.dim), nn.SiLU(), nn.Linear(cfg.dim, cfg.dim))
+        self.action_embed = nn.Sequential(
+            nn.Linear(cfg.action_dim, cfg.dim), nn.SiLU(), nn.Linear(cfg.dim, cfg.dim)
+        )
+        self.text_embed = nn.Embedding(cfg.text_vocab, cfg.text_dim)
+        self.text_proj = nn.Sequential(nn.Linear(cfg.text_dim, cfg.dim), nn.GELU(approximate="tanh"))
+        self.blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
+        self.norm_out = nn.LayerNorm(cfg.dim, elementwise_affine=False, eps=1e-6)
+        self.mod_out = nn.Linear(cfg.dim, 2 * cfg.dim)
+        self.proj_out = nn.Linear(cfg.dim, patch_dim)
+
+    def cross_kv(self, tokens: Tensor) -> list[KV]:
+        """Per-layer cross-attention K/V for prompt token ids ``[B, text_len]``."""
+        ctx = self.text_proj(self.text_embed(tokens))
+        return [blk.cross.project(ctx) for blk in self.blocks]
+
+    def patchify(self, x: Tensor) -> Tensor:
+        b, f, c, h, w = x.shape
+        p = self.cfg.patch
+        x = x.view(b, f, c, h // p, p, w // p, p).permute(0, 1, 3, 5, 2, 4, 6)
+        return x.reshape(b, f * (h // p) * (w // p), c * p * p)
+
+    def unpatchify(self, t: Tensor, frames: int) -> Tensor:
+        cfg, p = self.cfg, self.cfg.patch
+        hp, wp = cfg.latent_height // p, cfg.latent_width // p
+        x = t.view(t.shape[0], frames, hp, wp, cfg.latent_channels, p, p).permute(0, 1, 4, 2, 5, 3, 6)
+        return x.reshape(t.shape[0], frames, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
+
+    def forward(
+        self,
+        x: Tensor,
+        frame_pos: Tensor,
+        sigma: Tensor,
+        actions: Tensor,
+        cross_kv: list[KV],
+        mask: Tensor,
+        past: list[KV] | None = None,
+    ) -> tuple[Tensor, list[KV]]:
+        """Predict clean latents for noisy latents ``x [B, F, C, H, W]`` at noise ``sigma [B, F]``.
+
+        ``frame_pos [B, F]`` absolute latent frame indices, ``actions [B, F, action_dim]``,
+        ``mask`` bool broadcastable to ``[B, heads, F*T, P + F*T]`` where ``P`` is the number of
+        ``past`` tokens per layer (``past[l] = (K, V)`` each ``[B, P, heads, head_dim]``).
+        Returns ``x0 [B, F, C, H, W]`` and each layer's roped ``(K, V)`` of the input tokens.
+        """
+        b, f = x.shape[:2]
+        tpf = self.cfg.tokens_per_frame
+        tokens = self.patch_embed(self.patchify(x)) + self.pos_embed.repeat(f, 1)
+        cond = self.time_embed(timestep_embedding(sigma, 256)) + self.action_embed(actions)
+        c = cond.repeat_interleave(tpf, dim=1)  # [B, F*T, D]
+        positions = frame_pos.repeat_interleave(tpf, dim=1)
+        new_kv: list[KV] = []
+        for i, blk in enumerate(self.blocks):
+            tokens, kv = blk(tokens, c, positions, mask, cross_kv[i], None if past is None else past[i])
+            new_kv.append(kv)
+        shift, scale = self.mod_out(F.silu(c)).chunk(2, dim=-1)
+        out = self.proj_out(self.norm_out(tokens) * (1 + scale) + shift)
+        velocity = self.unpatchify(out, f)
+        return x - sigma[:, :, None, None, None] * velocity, new_kv

@@ -1,0 +1,193 @@
+"""Pooled, preallocated rolling KV cache: per-session slots of ``[sink | recent window]`` frames.
+
+One pool holds every resident session of a model. It is allocated once, sized from a memory
+budget with the session runtime's capacity formula (``required(c) = scratch + c * per_session``),
+and never grows: committing a block overwrites the evicted frames in place, so resident memory is
+flat however long a session runs.
+
+Per slot and layer the self-attention K/V hold ``sink_frames + window_frames`` frames of
+``tokens_per_frame`` tokens, stored **roped with their absolute frame index** (so rolling never
+re-ropes). Frames ``f < sink`` live in the sink slots; later frames live in a ring of
+``window_frames`` slots at ``sink + (f - sink) % window``. The cross-attention K/V of the
+session's prompt live in the same slot (reset on a prompt change).
+
+Contract:
+- ``open(session_id)`` -> slot (raises ``KVPoolFull``); ``release(session_id)`` frees it
+  (idempotent); ``clear(session_id)`` empties its frames (reset).
+- ``gather(sessions, block_start)`` -> per-layer past ``(K, V)`` ``[B, R*T, H, D]`` and a key
+  mask ``[B, R*T]`` of the frames visible to a block starting at ``block_start`` (per session).
+- ``commit(sessions, block_start, kv)`` writes a block's clean-pass K/V (the only writer).
+- denoise passes never write: the pool is read-only until ``commit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models.world.configs import WorldModelConfig
+from models.world.dit import KV
+
+
+class KVPoolFull(RuntimeError):
+    """Every slot of the pool is in use."""
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    layers: int
+    heads: int
+    head_dim: int
+    tokens_per_frame: int
+    sink_frames: int
+    window_frames: int
+    frames_per_block: int
+    text_len: int
+    dtype_bytes: int
+
+    @classmethod
+    def of(cls, cfg: WorldModelConfig, dtype: torch.dtype) -> KVGeometry:
+        return cls(
+            layers=cfg.depth,
+            heads=cfg.heads,
+            head_dim=cfg.head_dim,
+            tokens_per_frame=cfg.tokens_per_frame,
+            sink_frames=cfg.sink_frames,
+            window_frames=cfg.window_frames,
+            frames_per_block=cfg.frames_per_block,
+            text_len=cfg.text_len,
+            dtype_bytes=torch.empty((), dtype=dtype).element_size(),
+        )
+
+    @property
+    def resident_frames(self) -> int:
+        return self.sink_frames + self.window_frames
+
+    @property
+    def bytes_per_frame(self) -> int:
+        """K and V of one frame in every layer."""
+        return 2 * self.layers * self.tokens_per_frame * self.heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def cross_bytes(self) -> int:
+        return 2 * self.layers * self.text_len * self.heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def bytes_per_session(self) -> int:
+        """Resident bytes of one slot: sink + window frames of self-attention KV, plus cross KV."""
+        return self.resident_frames * self.bytes_per_frame + self.cross_bytes
+
+    def scratch_bytes(self, max_batch: int) -> int:
+        """Transient K/V of the in-flight blocks (one block per batched session)."""
+        return max_batch * self.frames_per_block * self.bytes_per_frame
+
+    def capacity(self, budget_bytes: int, max_batch: int) -> int:
+        """Largest ``c`` with ``scratch + c * bytes_per_session <= budget`` (at least 1 if it fits)."""
+        free = budget_bytes - self.scratch_bytes(max_batch)
+        if free < self.bytes_per_session:
+            raise ValueError(
+                f"cannot fit one world session: available={budget_bytes} bytes "
+                f"required={self.scratch_bytes(max_batch) + self.bytes_per_session} bytes"
+            )
+        return free // self.bytes_per_session
+
+
+class KVPool:
+    def __init__(self, geometry: KVGeometry, slots: int, dtype: torch.dtype, device: torch.device | str):
+        g = self.geometry = geometry
+        self.slots = slots
+        shape = (g.layers, slots, g.resident_frames * g.tokens_per_frame, g.heads, g.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        cshape = (g.layers, slots, g.text_len, g.heads, g.head_dim)
+        self.cross_k = torch.zeros(cshape, dtype=dtype, device=device)
+        self.cross_v = torch.zeros(cshape, dtype=dtype, device=device)
+        # absolute frame index held by each resident frame slot, -1 = empty (host-side bookkeeping)
+        self.frame_pos = torch.full((slots, g.resident_frames), -1, dtype=torch.long)
+        self._slot_of: dict[str, int] = {}
+        self._free = list(range(slots - 1, -1, -1))
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.cross_k, self.cross_v))
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._slot_of
+
+    def open(self, session_id: str) -> int:
+        if session_id in self._slot_of:
+            return self._slot_of[session_id]
+        if not self._free:
+            raise KVPoolFull(f"all {self.slots} KV slots are in use")
+        slot = self._free.pop()
+        self._slot_of[session_id] = slot
+        self.frame_pos[slot] = -1
+        return slot
+
+    def release(self, session_id: str) -> None:
+        slot = self._slot_of.pop(session_id, None)
+        if slot is not None:
+            self.frame_pos[slot] = -1
+            self._free.append(slot)
+
+    def clear(self, session_id: str) -> None:
+        self.frame_pos[self._slot_of[session_id]] = -1
+
+    def slot_ids(self, sessions: Sequence[str]) -> list[int]:
+        return [self._slot_of[s] for s in sessions]
+
+    def _index(self, frame: int) -> int:
+        g = self.geometry
+        return frame if frame < g.sink_frames else g.sink_frames + (frame - g.sink_frames) % g.window_frames
+
+    def gather(self, sessions: Sequence[str], block_starts: Sequence[int]) -> tuple[list[KV], Tensor]:
+        """Past K/V per layer ``[B, R*T, H, D]`` and the visible-key mask ``[B, R*T]``."""
+        g = self.geometry
+        slots = torch.tensor(self.slot_ids(sessions), dtype=torch.long)
+        pos = self.frame_pos[slots]  # [B, R]
+        start = torch.tensor(block_starts, dtype=torch.long)[:, None]
+        visible = (pos >= 0) & (pos < start) & ((pos < g.sink_frames) | (pos >= start - g.window_frames))
+        mask = visible.repeat_interleave(g.tokens_per_frame, dim=1).to(self.k.device)
+        idx = slots.to(self.k.device)
+        past = [(self.k[layer, idx], self.v[layer, idx]) for layer in range(g.layers)]
+        return past, mask
+
+    def commit(self, sessions: Sequence[str], block_starts: Sequence[int], kv: list[KV]) -> None:
+        """Write the clean-pass K/V (``[B, fpb*T, H, D]`` per layer) of each session's block."""
+        g, tpf = self.geometry, self.geometry.tokens_per_frame
+        for b, (slot, start) in enumerate(zip(self.slot_ids(sessions), block_starts, strict=True)):
+            for j in range(g.frames_per_block):
+                frame = start + j
+                dst = self._index(frame) * tpf
+                for layer, (k, v) in enumerate(kv):
+                    self.k[layer, slot, dst : dst + tpf] = k[b, j * tpf : (j + 1) * tpf]
+                    self.v[layer, slot, dst : dst + tpf] = v[b, j * tpf : (j + 1) * tpf]
+                self.frame_pos[slot, self._index(frame)] = frame
+
+    def set_cross(self, sessions: Sequence[str], kv: list[KV]) -> None:
+        """Store each session's prompt cross-attention K/V (``[B, L, H, D]`` per layer)."""
+        idx = torch.tensor(self.slot_ids(sessions), dtype=torch.long, device=self.k.device)
+        for layer, (k, v) in enumerate(kv):
+            self.cross_k[layer, idx] = k
+            self.cross_v[layer, idx] = v
+
+    def cross(self, sessions: Sequence[str]) -> list[KV]:
+        idx = torch.tensor(self.slot_ids(sessions), dtype=torch.long, device=self.k.device)
+        return [(self.cross_k[layer, idx], self.cross_v[layer, idx]) for layer in range(self.geometry.layers)]
+
+    def snapshot(self, session_id: str) -> tuple[Tensor, ...]:
+        """Copies of one slot's state, for tests of transactionality."""
+        slot = self._slot_of[session_id]
+        return (
+            self.k[:, slot].clone(),
+            self.v[:, slot].clone(),
+            self.cross_k[:, slot].clone(),
+            self.cross_v[:, slot].clone(),
+            self.frame_pos[slot].clone(),
+        )

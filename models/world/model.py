@@ -1,0 +1,183 @@
+"""``WorldModel``: resident world sessions over one DiT, one pooled KV cache and one decoder.
+
+The interface the runtime drives (through the stage engine, on a worker thread):
+
+- ``open(session_id, seed)`` / ``release(session_id)`` / ``reset(session_id)``: per-session slot
+  (rolling self-attention KV + prompt cross-attention KV in the pool, decoder temporal cache,
+  seed, next block index);
+- ``generate(ticks)``: one latent block for each of several sessions in one batched forward
+  (staged denoise passes + committing clean pass); ``decode(session_ids, latents)``: their frames
+  (``uint8 [frames, H, W, 3]``; a session's first block gives ``1 + 4(n-1)`` frames, then ``4n``).
+
+Both are transactional per call: nothing of a session (KV, cross KV, prompt, block counter,
+decoder cache) changes unless the whole call succeeds. A tick must name the session's next block
+(``WorldTick.block``), so a replayed or skipped tick is an error, never silent corruption.
+
+Prompt-change policy (``cross_attention_reset``): when a tick carries a prompt different from the
+session's, that session's cross-attention K/V are recomputed from the new prompt; the rolling
+self-attention KV (the visual history) is kept, so the world continues under the new prompt
+(the Self-Forcing / SGLang policy). ``reset`` clears everything.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from models.world.configs import WorldModelConfig, load_model_weights, read_config
+from models.world.dit import CausalDiT
+from models.world.kv_cache import KVGeometry, KVPool
+from models.world.sampler import BlockRequest, FlowSampler
+from models.world.vae import CausalDecoder, DecoderState, split_state, stack_states
+
+
+def tokenize(prompt: str | None, cfg: WorldModelConfig) -> Tensor:
+    """Prompt -> ``text_len`` token ids: lowercase words hashed into the vocabulary, 0 = pad."""
+    words = "".join(ch if ch.isalnum() else " " for ch in (prompt or "").lower()).split()
+    ids = [1 + zlib.crc32(w.encode()) % (cfg.text_vocab - 1) for w in words[: cfg.text_len]]
+    return torch.tensor(ids + [0] * (cfg.text_len - len(ids)), dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class WorldTick:
+    """Model input of one session's tick: the block to generate, prompt and the block's action."""
+
+    session_id: str
+    block: int
+    prompt: str | None
+    action: Tensor  # [action_dim], held for the whole block
+
+
+@dataclass
+class _Session:
+    seed: int
+    decoder: DecoderState
+    prompt: str | None = None
+    next_block: int = 0
+    decoded_blocks: int = 0
+
+
+@dataclass
+class WorldModel:
+    cfg: WorldModelConfig
+    dit: CausalDiT
+    decoder: CausalDecoder
+    pool: KVPool
+    sessions: dict[str, _Session] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        cfg: WorldModelConfig,
+        slots: int,
+        weights: Path | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+    ) -> WorldModel:
+        """Random init from ``seed`` (or ``weights``), eval mode, a pool of ``slots`` sessions."""
+        torch.manual_seed(seed)
+        dit, decoder = CausalDiT(cfg), CausalDecoder(cfg)
+        if weights is not None:
+            load_model_weights(dit, weights, "dit.")
+            load_model_weights(decoder, weights, "decoder.")
+        dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        decoder = decoder.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        pool = KVPool(KVGeometry.of(cfg, dtype), slots, dtype, device)
+        return cls(cfg, dit, decoder, pool)
+
+    @classmethod
+    def from_weights(cls, path: Path, slots: int, **kw) -> WorldModel:
+        return cls.build(read_config(path), slots, weights=path, **kw)
+
+    @property
+    def decoder_state_bytes(self) -> int:
+        return self.decoder.init_state().nbytes
+
+    @property
+    def bytes_per_session(self) -> int:
+        """Resident bytes one session holds: KV slot (self + cross) plus decoder temporal cache."""
+        return self.pool.geometry.bytes_per_session + self.decoder_state_bytes
+
+    def open(self, session_id: str, seed: int) -> None:
+        self.pool.open(session_id)
+        self.sessions[session_id] = _Session(seed=seed, decoder=self.decoder.init_state())
+
+    def release(self, session_id: str) -> None:
+        self.sessions.pop(session_id, None)
+        self.pool.release(session_id)
+
+    def reset(self, session_id: str, seed: int | None = None) -> None:
+        old = self.sessions[session_id]
+        self.pool.clear(session_id)
+        self.sessions[session_id] = _Session(
+            seed=old.seed if seed is None else seed, decoder=self.decoder.init_state()
+        )
+
+    def next_block(self, session_id: str) -> int:
+        return self.sessions[session_id].next_block
+
+    @torch.no_grad()
+    def generate(self, ticks: Sequence[WorldTick]) -> Tensor:
+        """One latent block per tick in one batched forward; returns x0 ``[B, fpb, C, h, w]``."""
+        cfg = self.cfg
+        states = [self.sessions[t.session_id] for t in ticks]
+        for t, s in zip(ticks, states, strict=True):
+            if t.block != s.next_block:
+                raise ValueError(f"session {t.session_id}: tick for block {t.block}, expected {s.next_block}")
+        ids = [t.session_id for t in ticks]
+        reqs = [
+            BlockRequest(
+                t.session_id, t.block, s.seed, t.action.reshape(1, -1).expand(cfg.frames_per_block, -1)
+            )
+            for t, s in zip(ticks, states, strict=True)
+        ]
+        cross = self.pool.cross(ids)
+        changed = [i for i, (t, s) in enumerate(zip(ticks, states, strict=True)) if t.prompt != s.prompt]
+        if changed:
+            tokens = torch.stack([tokenize(ticks[i].prompt, cfg) for i in changed]).to(self.pool.k.device)
+            fresh = self.dit.cross_kv(tokens)
+            index = torch.tensor(changed, device=self.pool.k.device)
+            cross = [
+                (k.index_copy(0, index, fk), v.index_copy(0, index, fv))
+                for (k, v), (fk, fv) in zip(cross, fresh, strict=True)
+            ]
+        sampler = FlowSampler(self.dit, self.pool)
+        x0, past, mask = sampler.denoise(reqs, cross)
+        kv = sampler.clean_pass(reqs, x0, past, mask, cross)
+        # commit point: nothing of any session changed before this line
+        self.pool.commit(ids, [r.block * cfg.frames_per_block for r in reqs], kv)
+        if changed:
+            self.pool.set_cross([ids[i] for i in changed], [(k[index], v[index]) for k, v in cross])
+        for t, s in zip(ticks, states, strict=True):
+            s.prompt = t.prompt
+            s.next_block += 1
+        return x0
+
+    @torch.no_grad()
+    def decode(self, session_ids: Sequence[str], latents: Tensor) -> list[Tensor]:
+        """Frames ``uint8 [T, H, W, 3]`` (CPU) of each session's block; sessions batch by phase."""
+        out: list[Tensor | None] = [None] * len(session_ids)
+        new_states: dict[str, DecoderState] = {}
+        states = [self.sessions[s].decoder for s in session_ids]
+        for first in (True, False):
+            group = [i for i, st in enumerate(states) if st.first == first]
+            if not group:
+                continue
+            frames, state = self.decoder(latents[group], stack_states([states[i] for i in group]))
+            for i, st in zip(group, split_state(state, len(group)), strict=True):
+                out[i] = (frames[group.index(i)] * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
+                new_states[session_ids[i]] = st
+        for sid, st in new_states.items():
+            self.sessions[sid].decoder = st
+            self.sessions[sid].decoded_blocks += 1
+        return out  # type: ignore[return-value]
+
+    def step(self, ticks: Sequence[WorldTick]) -> list[Tensor]:
+        """``generate`` then ``decode``: frames for each tick."""
+        return self.decode([t.session_id for t in ticks], self.generate(ticks))

@@ -1,0 +1,165 @@
+"""Few-step flow sampling of one latent block per session, batched across sessions.
+
+One tick of a session generates block ``b`` (latent frames ``b*fpb .. b*fpb + fpb - 1``):
+
+1. **staged denoise passes** at the configured noise levels (e.g. 1.0, 0.5): each predicts the
+   clean block x0 against the session's resident KV (read-only) and re-noises it to the next
+   level with fresh noise (Self-Forcing / DMD few-step sampling);
+2. a **clean pass** at sigma = 0 over the final x0 whose K/V are the only thing committed to the
+   pool (Self-Forcing "rerun with timestep zero", world_engine's cache pass).
+
+Noise is counter-based: ``block_noise(seed, block, step)``, so a session's output depends only on
+its seed, prompt and action history, never on which other sessions share the batch or on the
+order of ticks (replay after reset is bit-identical). ``denoise`` never writes, and ``commit``
+is one call at the end, so an exception anywhere before it leaves the session's cache as it was.
+
+``recompute_x0`` is the cache-free reference (Oasis-style full masked recompute over a clean
+latent history) used by the correctness tests and as the recompute baseline of the bench.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models.world.dit import KV, CausalDiT, block_causal_mask
+from models.world.kv_cache import KVPool
+
+
+def block_noise(seed: int, block: int, step: int, shape: Sequence[int], like: Tensor) -> Tensor:
+    """Deterministic noise for (seed, block, denoise step), drawn on CPU in float32."""
+    g = torch.Generator().manual_seed((seed * 1_000_003 + block * 1009 + step) % (2**63 - 1))
+    return torch.randn(tuple(shape), generator=g).to(dtype=like.dtype, device=like.device)
+
+
+@dataclass(frozen=True)
+class BlockRequest:
+    """One session's block to generate: ``actions [frames_per_block, action_dim]``."""
+
+    session_id: str
+    block: int
+    seed: int
+    actions: Tensor
+
+
+class FlowSampler:
+    def __init__(self, dit: CausalDiT, pool: KVPool) -> None:
+        self.dit, self.pool, self.cfg = dit, pool, dit.cfg
+
+    def _inputs(self, reqs: Sequence[BlockRequest]) -> tuple[list[str], list[int], Tensor, Tensor]:
+        fpb = self.cfg.frames_per_block
+        ids = [r.session_id for r in reqs]
+        starts = [r.block * fpb for r in reqs]
+        pos = torch.tensor([[s + j for j in range(fpb)] for s in starts], dtype=torch.long)
+        p = self.pool.k
+        actions = torch.stack([r.actions.to(p.dtype) for r in reqs]).to(p.device)
+        return ids, starts, pos.to(p.device), actions
+
+    @torch.no_grad()
+    def denoise(
+        self, reqs: Sequence[BlockRequest], cross: list[KV] | None = None
+    ) -> tuple[Tensor, list[KV], Tensor]:
+        """Staged denoise passes; returns x0 ``[B, fpb, C, h, w]`` plus the gathered past and mask
+        (reused by ``commit``). ``cross`` overrides the pool's cross-attention K/V (prompt change)."""
+        cfg, fpb = self.cfg, self.cfg.frames_per_block
+        ids, starts, pos, actions = self._inputs(reqs)
+        past, key_mask = self.pool.gather(ids, starts)
+        cross = self.pool.cross(ids) if cross is None else cross
+        b = len(reqs)
+        mask = torch.cat([key_mask, key_mask.new_ones(b, fpb * cfg.tokens_per_frame)], 1)[:, None, None, :]
+        shape = (fpb, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
+        like = self.pool.k
+        x = torch.stack([block_noise(r.seed, r.block, 0, shape, like) for r in reqs])
+        x0 = x
+        for i, s in enumerate(cfg.sigmas):
+            sigma = torch.full((b, fpb), s, dtype=like.dtype, device=like.device)
+            x0, _ = self.dit(x, pos, sigma, actions, cross, mask, past)
+            if i + 1 < len(cfg.sigmas):
+                nxt = cfg.sigmas[i + 1]
+                noise = torch.stack([block_noise(r.seed, r.block, i + 1, shape, like) for r in reqs])
+                x = (1 - nxt) * x0 + nxt * noise
+        return x0, past, mask
+
+    @torch.no_grad()
+    def clean_pass(
+        self, reqs: Sequence[BlockRequest], x0: Tensor, past: list[KV], mask: Tensor, cross: list[KV]
+    ) -> list[KV]:
+        """The sigma = 0 pass over the final x0: the block's K/V to commit (nothing written yet)."""
+        _, _, pos, actions = self._inputs(reqs)
+        sigma = torch.zeros(x0.shape[:2], dtype=x0.dtype, device=x0.device)
+        _, kv = self.dit(x0, pos, sigma, actions, cross, mask, past)
+        return kv
+
+    def generate(self, reqs: Sequence[BlockRequest]) -> Tensor:
+        """Denoise, clean pass, then commit every session's block K/V; returns x0."""
+        ids, starts, _, _ = self._inputs(reqs)
+        cross = self.pool.cross(ids)
+        x0, past, mask = self.denoise(reqs, cross)
+        kv = self.clean_pass(reqs, x0, past, mask, cross)
+        self.pool.commit(ids, starts, kv)
+        return x0
+
+
+@torch.no_grad()
+def recompute_x0(
+    dit: CausalDiT,
+    history: Tensor,
+    history_pos: Tensor,
+    history_actions: Tensor,
+    x: Tensor,
+    block: int,
+    sigma: float,
+    actions: Tensor,
+    cross: list[KV],
+) -> Tensor:
+    """Cache-free reference: one full masked forward over ``[clean history ; noisy block]``.
+
+    ``history [B, H, C, h, w]`` clean latents at absolute frames ``history_pos [H]`` with their
+    actions ``[B, H, A]``; ``x [B, fpb, ...]`` is block ``block`` at noise ``sigma``. Returns the
+    block's x0. With the full history this equals the cached path exactly; with only the last
+    ``sink + window`` frames it is the recompute-the-window baseline.
+    """
+    cfg = dit.cfg
+    fpb, b = cfg.frames_per_block, x.shape[0]
+    block_pos = torch.arange(block * fpb, block * fpb + fpb, device=x.device)
+    pos = torch.cat([history_pos.to(x.device), block_pos])
+    sig = torch.cat([torch.zeros(history.shape[1]), torch.full((fpb,), sigma)]).to(x)
+    tok_frames = pos.repeat_interleave(cfg.tokens_per_frame)
+    mask = block_causal_mask(tok_frames, tok_frames, fpb, cfg.sink_frames, cfg.window_frames)
+    out, _ = dit(
+        torch.cat([history, x], 1),
+        pos.expand(b, -1),
+        sig.expand(b, -1),
+        torch.cat([history_actions, actions], 1),
+        cross,
+        mask,
+    )
+    return out[:, history.shape[1] :]
+
+
+@torch.no_grad()
+def recompute_generate(
+    dit: CausalDiT,
+    history: Tensor,
+    history_pos: Tensor,
+    history_actions: Tensor,
+    reqs: Sequence[BlockRequest],
+    cross: list[KV],
+) -> Tensor:
+    """The full sampler loop of one block with ``recompute_x0`` at every step (no KV cache)."""
+    cfg = dit.cfg
+    shape = (cfg.frames_per_block, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
+    block = reqs[0].block
+    x = torch.stack([block_noise(r.seed, r.block, 0, shape, history) for r in reqs])
+    actions = torch.stack([r.actions for r in reqs]).to(history)
+    x0 = x
+    for i, s in enumerate(cfg.sigmas):
+        x0 = recompute_x0(dit, history, history_pos, history_actions, x, block, s, actions, cross)
+        if i + 1 < len(cfg.sigmas):
+            nxt = cfg.sigmas[i + 1]
+            noise = torch.stack([block_noise(r.seed, r.block, i + 1, shape, history) for r in reqs])
+            x = (1 - nxt) * x0 + nxt * noise
+    return x0

@@ -1,0 +1,26 @@
+"""Small random world models in float64 for exact comparisons, and deterministic actions."""
+
+from __future__ import annotations
+
+import torch
+
+from models.world.configs import TEST, WorldModelConfig
+from models.world.model import WorldModel, WorldTick
+
+
+def make_model(
+    slots: int = 4, dtype: torch.dtype = torch.float64, cfg: WorldModelConfig = TEST
+) -> WorldModel:
+    return WorldModel.build(cfg, slots=slots, dtype=dtype, seed=0)
+
+
+def action(i: int, dim: int = 6) -> torch.Tensor:
+    """A deterministic, varied action vector for block ``i``."""
+    a = torch.zeros(dim)
+    a[i % 4] = 1.0
+    a[4] = ((i * 7) % 5 - 2) / 2
+    return a
+
+
+def tick(model: WorldModel, sid: str, i: int, prompt: str | None = "stone maze", act=None) -> WorldTick:
+    return WorldTick(sid, model.next_block(sid), prompt, action(i) if act is None else act)
