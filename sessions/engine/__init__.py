@@ -26,6 +26,7 @@ from sessions.engine.errors import (
     StaleEpochError,
     StallError,
 )
+from sessions.engine.pipeline import Pipeline
 from sessions.engine.slots import Slot, SlotTable
 from sessions.engine.streams import ChunkStream
 from sessions.engine.worker import DeviceWorker
@@ -39,6 +40,7 @@ __all__ = [
     "EngineClosedError",
     "EngineConfigError",
     "EngineError",
+    "Pipeline",
     "QueueFullError",
     "SessionNotOpenError",
     "SessionReleasedError",
