@@ -1,0 +1,466 @@
+"""One session: its state machine, event intake and transactional ticks.
+
+States (architecture §5; vllm-omni seed reference §2.7)::
+
+    ACTIVE --tick/commit failure--> FAILED --reset--> ACTIVE
+    ACTIVE | FAILED | CLEANUP_FAILED --close--> CLOSING --release ok--> CLOSED
+                                               CLOSING --release fails--> CLEANUP_FAILED
+
+Contract:
+
+- ``accept_event(event)`` (ACTIVE only) returns ``ACCEPTED`` or ``DUPLICATE``. Duplicates are
+  recognised before any other check, while pending and after application (also after reset).
+  An id at or below the floor (the highest event id already snapshotted, in-flight ticks
+  included) raises :class:`StaleEventError`; a full queue raises :class:`EventQueueFullError`.
+- ``await next_tick(payload)`` is serialised per session. It snapshots the pending events
+  (sorted by id), the sticky prompt (newest event's prompt wins) and the reducer's prepared
+  controls, runs the snapshot through the executor, requires ``result.metadata ==
+  snapshot.metadata`` and then commits in one synchronous step (reducer commit, pop applied
+  events, keep prompt/controls, ``chunk_index += 1``), so a cancellation cannot half-commit.
+  Any failure (reducer prepare, executor, metadata mismatch, reducer commit) moves the session
+  to FAILED, bumps ``epoch``, releases worker state with reason ``failed``, leaves
+  ``chunk_index`` and the pending events untouched and raises a :class:`TickFailedError`.
+  A tick cancelled by its caller also fails the session (its worker state is released on the
+  next reset or close). A reset or close during a tick drops its result
+  (:class:`TickSupersededError`).
+- ``await reset()`` (ACTIVE or FAILED): bump ``epoch``, cancel an in-flight tick, discard
+  pending events (not replayed; their ids stay duplicate), clear prompt, controls and the
+  kind's ``state``, reset the reducer, restart at chunk 0, release worker state with reason
+  ``reset``. Old event ids stay duplicate or stale.
+- ``_close(reason)`` is the manager's release path (never called by kinds directly).
+
+Only one task owns a session; state is mutated in synchronous sections between awaits, so
+no lock guards state. The only lock serialises ticks (and makes reset wait for the tick it
+cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from sessions.errors import (
+    ChunkMetadataError,
+    CleanupFailedError,
+    EventQueueFullError,
+    InvalidEventError,
+    ReducerCommitError,
+    ReleaseFailedError,
+    SessionClosedError,
+    SessionFailedError,
+    StaleEventError,
+    TickFailedError,
+    TickSupersededError,
+)
+from sessions.events import ControlInput, SeenEventIds, SessionEvent
+from sessions.identities import RequestIdFactory, default_request_id
+from sessions.lifecycle import LifecycleBackend, ReleaseReason
+from sessions.log_context import session_context
+from sessions.reducer import ControlReducer, LatestWinsReducer, PreparedControls
+from sessions.tick import TickExecutor, TickResult, TickSnapshot
+
+log = logging.getLogger("sessions.session")
+
+
+class SessionStatus(enum.StrEnum):
+    ACTIVE = "active"
+    FAILED = "failed"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    CLEANUP_FAILED = "cleanup_failed"
+
+
+class EventAcceptance(enum.StrEnum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Per-session bounds (configured from ``runtime.*`` in the deploy config)."""
+
+    max_pending_events: int = 64
+    release_timeout_s: float = 30.0
+    max_event_id_ranges: int = 1024
+
+
+StatusListener = Callable[["Session", SessionStatus, SessionStatus], None]
+#: ``(session, outcome, error_code)``; outcome is committed, failed, superseded or cancelled.
+TickListener = Callable[["Session", str, str | None], None]
+
+
+class Session:
+    """A resident session of one kind; created and closed only through ``SessionManager``."""
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        kind: str,
+        executor: TickExecutor,
+        lifecycle: LifecycleBackend,
+        reducer: ControlReducer | None = None,
+        limits: SessionLimits | None = None,
+        request_id_factory: RequestIdFactory = default_request_id,
+        state_factory: Callable[[], Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_status: StatusListener | None = None,
+        on_tick: TickListener | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.kind = kind
+        self._executor = executor
+        self._lifecycle = lifecycle
+        self._reducer: ControlReducer = reducer if reducer is not None else LatestWinsReducer()
+        self._limits = limits = limits if limits is not None else SessionLimits()
+        self._request_id_factory = request_id_factory
+        self._state_factory = state_factory
+        self._clock = clock
+        self._on_status = on_status
+        self._on_tick = on_tick
+        self._status = SessionStatus.ACTIVE
+        self._epoch = 0
+        self._chunk_index = 0
+        self._floor = -1
+        self._seen = SeenEventIds(max_ranges=limits.max_event_id_ranges)
+        self._pending: dict[int, SessionEvent] = {}
+        self._prompt: str | None = None
+        self._controls: dict[str, ControlInput] = {}
+        self._tick_lock = asyncio.Lock()
+        self._inflight: asyncio.Future | None = None
+        self._ended = asyncio.Event()
+        self._close_done: asyncio.Future | None = None
+        self.close_reason: str | None = None
+        self.failure: str | None = None
+        self.created_at = clock()
+        self.last_active_at = self.created_at
+        self.ticks_committed = 0
+        self.lifetime_warned = False
+        #: Kind-owned per-session state (e.g. a robot's previous action chunk); reset re-creates it.
+        self.state: Any = state_factory() if state_factory is not None else None
+        #: Called once with the seconds left before the maximum lifetime closes the session.
+        self.on_lifetime_warning: Callable[[float], None] | None = None
+
+    # -- read-only views ------------------------------------------------------------------
+    @property
+    def status(self) -> SessionStatus:
+        return self._status
+
+    @property
+    def epoch(self) -> int:
+        """Fence for tracked work: bumped by reset, close and failure."""
+        return self._epoch
+
+    @property
+    def chunk_index(self) -> int:
+        return self._chunk_index
+
+    @property
+    def event_floor(self) -> int:
+        """The highest event id already snapshotted (-1 before any); ids at or below are stale."""
+        return max(self._floor, self._seen.forgotten_below)
+
+    @property
+    def pending_event_count(self) -> int:
+        return len(self._pending)
+
+    @property
+    def prompt(self) -> str | None:
+        return self._prompt
+
+    @property
+    def controls(self) -> Mapping[str, ControlInput]:
+        return MappingProxyType(self._controls)
+
+    @property
+    def busy(self) -> bool:
+        """True while a tick is in flight."""
+        return self._inflight is not None
+
+    def touch(self) -> None:
+        """Record client activity that is not a tick or event (e.g. a ping) for the idle reaper."""
+        self.last_active_at = self._clock()
+
+    async def wait_closed(self) -> str:
+        """Wait until the session stops serving (closing began); returns the close reason."""
+        await self._ended.wait()
+        return self.close_reason or "close"
+
+    # -- intake ---------------------------------------------------------------------------
+    def accept_event(self, event: SessionEvent) -> EventAcceptance:
+        if not isinstance(event, SessionEvent):
+            raise InvalidEventError(f"expected a SessionEvent, got {type(event).__name__}")
+        self._require_active()
+        event_id = event.event_id
+        if event_id in self._pending or event_id in self._seen:
+            self.touch()
+            return EventAcceptance.DUPLICATE
+        floor = self.event_floor
+        if event_id <= floor:
+            raise StaleEventError(
+                f"event {event_id} is stale: the event floor is {floor}", event_id=event_id, floor=floor
+            )
+        limit = self._limits.max_pending_events
+        if len(self._pending) >= limit:
+            raise EventQueueFullError(
+                f"event queue is full ({limit} pending events)", event_id=event_id, limit=limit
+            )
+        self._pending[event_id] = event
+        self._seen.add(event_id)
+        self.touch()
+        return EventAcceptance.ACCEPTED
+
+    # -- ticks ----------------------------------------------------------------------------
+    async def next_tick(self, payload: Any = None) -> TickResult:
+        """Run one transactional tick; returns the executor's result once committed."""
+        self._require_active()
+        async with self._tick_lock:
+            self._require_active()
+            epoch = self._epoch
+            self.touch()
+            try:
+                snapshot, prepared = self._build_snapshot(payload)
+            except Exception as exc:
+                await self._fail(
+                    TickFailedError(
+                        f"tick {self._chunk_index} failed preparing controls ({type(exc).__name__})",
+                        chunk_index=self._chunk_index,
+                    ),
+                    exc,
+                )
+            self._inflight = asyncio.ensure_future(self._executor.execute(snapshot))
+            try:
+                result = await self._inflight
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._epoch != epoch and (task is None or not task.cancelling()):
+                    raise self._superseded(snapshot) from None
+                self._mark_failed("cancelled")
+                self._tick_finished("cancelled", None)
+                raise
+            except Exception as exc:
+                if self._epoch != epoch:
+                    raise self._superseded(snapshot) from exc
+                await self._fail(
+                    TickFailedError(
+                        f"tick {snapshot.chunk_index} failed in the model ({type(exc).__name__})",
+                        chunk_index=snapshot.chunk_index,
+                        request_id=snapshot.request_id,
+                    ),
+                    exc,
+                )
+            finally:
+                self._inflight = None
+            if self._epoch != epoch:
+                raise self._superseded(snapshot)
+            returned = getattr(result, "metadata", None)
+            if returned != snapshot.metadata:
+                await self._fail(
+                    ChunkMetadataError(
+                        f"tick metadata {_describe(returned)} does not match the snapshot "
+                        f"{_describe(snapshot.metadata)}",
+                        chunk_index=snapshot.chunk_index,
+                        request_id=snapshot.request_id,
+                    )
+                )
+            try:
+                self._reducer.commit(prepared)
+            except Exception as exc:
+                await self._fail(
+                    ReducerCommitError(
+                        f"control reducer commit failed ({type(exc).__name__}); nothing was committed",
+                        chunk_index=snapshot.chunk_index,
+                    ),
+                    exc,
+                )
+            self._commit(snapshot, prepared)
+            self._tick_finished("committed", None)
+            return result
+
+    def _build_snapshot(self, payload: Any) -> tuple[TickSnapshot, PreparedControls]:
+        events = tuple(self._pending[k] for k in sorted(self._pending))
+        prompt = self._prompt
+        for event in events:
+            if event.prompt is not None:
+                prompt = event.prompt
+        prepared = self._reducer.prepare(
+            current_controls=MappingProxyType(dict(self._controls)),
+            events=events,
+            chunk_index=self._chunk_index,
+        )
+        controls = tuple(sorted(prepared.controls, key=lambda c: c.track))
+        tracks = [c.track for c in controls]
+        if len(set(tracks)) != len(tracks) or not all(isinstance(c, ControlInput) for c in controls):
+            raise ValueError(f"reducer returned invalid controls for tracks {tracks}")
+        snapshot = TickSnapshot(
+            session_id=self.session_id,
+            request_id=self._request_id_factory(self.session_id, self._chunk_index),
+            chunk_index=self._chunk_index,
+            applied_event_ids=tuple(e.event_id for e in events),
+            prompt=prompt,
+            controls=controls,
+            events=events,
+            epoch=self._epoch,
+            payload=payload,
+        )
+        if events:
+            self._floor = max(self._floor, events[-1].event_id)
+        return snapshot, prepared
+
+    def _commit(self, snapshot: TickSnapshot, prepared: PreparedControls) -> None:
+        for event_id in snapshot.applied_event_ids:
+            del self._pending[event_id]
+        self._prompt = snapshot.prompt
+        self._controls = {c.track: c for c in snapshot.controls}
+        self._chunk_index += 1
+        self.ticks_committed += 1
+        self.touch()
+
+    def _tick_finished(self, outcome: str, code: str | None) -> None:
+        if self._on_tick is not None:
+            self._on_tick(self, outcome, code)
+
+    def _superseded(self, snapshot: TickSnapshot) -> TickSupersededError:
+        self._tick_finished("superseded", TickSupersededError.code)
+        return TickSupersededError(
+            f"tick {snapshot.chunk_index} was dropped: the session was reset or closed while it ran",
+            chunk_index=snapshot.chunk_index,
+            request_id=snapshot.request_id,
+        )
+
+    def _mark_failed(self, failure: str) -> None:
+        self._epoch += 1
+        self.failure = failure
+        self._set_status(SessionStatus.FAILED)
+
+    async def _fail(self, error: TickFailedError, cause: BaseException | None = None) -> None:
+        """Fail closed: FAILED, release worker state (a forward may have half-written it), raise."""
+        self._mark_failed(error.code)
+        self._tick_finished("failed", error.code)
+        with session_context(self.session_id):
+            log.warning("tick failed: %s", error.message, exc_info=cause)
+            try:
+                await self._release("failed")
+            except ReleaseFailedError as exc:
+                log.error("failure cleanup did not release worker state: %s", exc.message)
+        raise error from cause
+
+    # -- reset and close ------------------------------------------------------------------
+    async def reset(self) -> None:
+        """Start the session over at chunk 0 (see the module contract)."""
+        self._require_resettable()
+        self._epoch += 1
+        if self._inflight is not None:
+            self._inflight.cancel()
+        async with self._tick_lock:
+            self._require_resettable()
+            if self._pending:
+                self._floor = max(self._floor, max(self._pending))
+            self._pending.clear()
+            self._prompt = None
+            self._controls = {}
+            self._chunk_index = 0
+            self.state = self._state_factory() if self._state_factory is not None else None
+            try:
+                self._reducer.reset()
+                await self._release("reset")
+            except ReleaseFailedError:
+                self._mark_failed("release_failed")
+                raise
+            except Exception as exc:
+                self._mark_failed("reducer_reset_failed")
+                raise ReducerCommitError(f"control reducer reset failed ({type(exc).__name__})") from exc
+            self.failure = None
+            self._set_status(SessionStatus.ACTIVE)
+            self.touch()
+
+    async def _close(self, reason: ReleaseReason) -> SessionStatus:
+        """The one release path: CLOSING, cancel the tick, release; CLOSED or CLEANUP_FAILED."""
+        if self._status is SessionStatus.CLOSED:
+            return self._status
+        if self._status is SessionStatus.CLOSING:
+            assert self._close_done is not None
+            await asyncio.shield(self._close_done)
+            return self._status
+        self.close_reason = reason
+        self._epoch += 1
+        self._set_status(SessionStatus.CLOSING)
+        self._ended.set()
+        self._close_done = asyncio.get_running_loop().create_future()
+        inflight = self._inflight
+        try:
+            if inflight is not None:
+                inflight.cancel()
+                await asyncio.wait({inflight}, timeout=self._limits.release_timeout_s)
+            await self._release(reason)
+        except ReleaseFailedError:
+            self._set_status(SessionStatus.CLEANUP_FAILED)
+        except BaseException:
+            self._set_status(SessionStatus.CLEANUP_FAILED)
+            raise
+        else:
+            self._pending.clear()
+            self._controls = {}
+            self.state = None
+            self._set_status(SessionStatus.CLOSED)
+        finally:
+            self._close_done.set_result(None)
+        return self._status
+
+    async def _release(self, reason: ReleaseReason) -> None:
+        timeout = self._limits.release_timeout_s
+        try:
+            await asyncio.wait_for(self._lifecycle.release(self.session_id, reason), timeout)
+        except TimeoutError:
+            raise ReleaseFailedError(
+                f"releasing worker state of {self.session_id} timed out after {timeout:g} s", reason=reason
+            ) from None
+        except Exception as exc:
+            with session_context(self.session_id):
+                log.error("lifecycle release (%s) failed", reason, exc_info=exc)
+            raise ReleaseFailedError(
+                f"releasing worker state of {self.session_id} failed ({type(exc).__name__})", reason=reason
+            ) from exc
+
+    # -- state checks ---------------------------------------------------------------------
+    def _set_status(self, status: SessionStatus) -> None:
+        old, self._status = self._status, status
+        if self._on_status is not None and old is not status:
+            self._on_status(self, old, status)
+
+    def _require_active(self) -> None:
+        status = self._status
+        if status is SessionStatus.ACTIVE:
+            return
+        if status is SessionStatus.FAILED:
+            raise SessionFailedError(
+                f"session {self.session_id} failed ({self.failure}) and must be reset or closed",
+                failure=self.failure,
+            )
+        self._raise_closed()
+
+    def _require_resettable(self) -> None:
+        if self._status not in (SessionStatus.ACTIVE, SessionStatus.FAILED):
+            self._raise_closed()
+
+    def _raise_closed(self) -> None:
+        if self._status is SessionStatus.CLEANUP_FAILED:
+            raise CleanupFailedError(
+                f"session {self.session_id} is cleanup_failed: only a close retry is allowed",
+                reason=self.close_reason,
+            )
+        raise SessionClosedError(
+            f"session {self.session_id} is {self._status.value} ({self.close_reason})",
+            reason=self.close_reason,
+        )
+
+
+def _describe(metadata: Any) -> str:
+    to_dict = getattr(metadata, "to_dict", None)
+    return repr(to_dict()) if callable(to_dict) else repr(metadata)

@@ -1,0 +1,97 @@
+"""Test doubles for one layer: a scripted tick executor and a recording lifecycle backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from sessions.events import ControlInput, SessionEvent
+from sessions.manager import SessionManager
+from sessions.reducer import LatestWinsReducer, PreparedControls
+from sessions.session import Session
+from sessions.tick import TickMetadata, TickOutput, TickSnapshot
+
+
+def request_id(session_id: str, chunk_index: int) -> str:
+    return f"{session_id}-request-{chunk_index}"
+
+
+class ScriptedExecutor:
+    """Echoes the snapshot; can block on a gate, raise, or return other metadata."""
+
+    def __init__(self) -> None:
+        self.snapshots: list[TickSnapshot] = []
+        self.gate: asyncio.Event | None = None
+        self.started = asyncio.Event()
+        self.error: BaseException | None = None
+        self.metadata: Callable[[TickSnapshot], TickMetadata] | None = None
+
+    async def execute(self, snapshot: TickSnapshot) -> TickOutput[int]:
+        self.snapshots.append(snapshot)
+        self.started.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+        md = self.metadata(snapshot) if self.metadata is not None else snapshot.metadata
+        return TickOutput(md, snapshot.chunk_index)
+
+
+class RecordingLifecycle:
+    def __init__(self) -> None:
+        self.releases: list[tuple[str, str]] = []
+        self.failures_left = 0
+        self.hang: asyncio.Event | None = None
+
+    async def release(self, session_id: str, reason: str) -> None:
+        self.releases.append((session_id, reason))
+        if self.hang is not None:
+            await self.hang.wait()
+        if self.failures_left > 0:
+            self.failures_left -= 1
+            raise RuntimeError("worker rpc failed")
+
+    def reasons(self, session_id: str) -> list[str]:
+        return [r for s, r in self.releases if s == session_id]
+
+
+class FailingCommitReducer(LatestWinsReducer):
+    def __init__(self) -> None:
+        self.fail_commit = True
+        self.resets = 0
+        self.commits = 0
+
+    def commit(self, prepared: PreparedControls) -> None:
+        if self.fail_commit:
+            raise RuntimeError("commit exploded")
+        self.commits += 1
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+def event(event_id: int, prompt: str | None = None, **tracks: object) -> SessionEvent:
+    controls = tuple(ControlInput(track, f"test.{track}.v1", data) for track, data in tracks.items())
+    return SessionEvent(event_id, prompt=prompt, controls=controls)
+
+
+def make_session(executor=None, lifecycle=None, **kwargs) -> Session:
+    return Session(
+        kwargs.pop("session_id", "world-1"),
+        kind="world",
+        executor=executor or ScriptedExecutor(),
+        lifecycle=lifecycle or RecordingLifecycle(),
+        request_id_factory=request_id,
+        **kwargs,
+    )
+
+
+def make_manager(executor=None, lifecycle=None, capacity: int = 8, **kwargs) -> SessionManager:
+    return SessionManager(
+        "world",
+        executor=executor or ScriptedExecutor(),
+        lifecycle=lifecycle or RecordingLifecycle(),
+        capacity=capacity,
+        request_id_factory=request_id,
+        **kwargs,
+    )
