@@ -40,7 +40,7 @@ class FlakyStage(RecordingStage):
 
 
 class CountingStreamStage:
-    """Streams ``payload`` chunks (or forever if None), one per forward step; counts steps."""
+    """Streams ``payload`` chunks (forever if None, one for a non-int input), one per forward step."""
 
     device = "cpu"
 
@@ -58,7 +58,7 @@ class CountingStreamStage:
         outputs = []
         for item in items:
             self.steps[item.session_id] = self.steps.get(item.session_id, 0) + 1
-            total = item.payload
+            total = item.payload if item.payload is None or isinstance(item.payload, int) else 1
             final = total is not None and item.step + 1 >= total
             outputs.append(StageOutput((item.session_id, item.epoch, item.step), final=final))
         return outputs

@@ -80,7 +80,9 @@ async def test_one_item_per_session_per_batch_in_order(make_engine):
     stage = RecordingStage()
     async with make_engine(stage, max_batch=8, coalesce_window_s=0.0) as engine:
         await open_all(engine, "ab")
-        results = await asyncio.gather(engine.submit("a", 0, 1), engine.submit("a", 0, 2), engine.submit("b", 0, 3))
+        results = await asyncio.gather(
+            engine.submit("a", 0, 1), engine.submit("a", 0, 2), engine.submit("b", 0, 3)
+        )
     assert results == [2, 4, 6]
     assert stage.batches == [["a", "b"], ["a"]]
 

@@ -27,7 +27,9 @@ async def test_a_failed_item_fails_only_that_item(make_engine, registry):
         for sid in "abc":
             await engine.open(sid)
         results = await asyncio.gather(
-            engine.submit("a", 0, "ok-a"), engine.submit("b", 0, "bad"), engine.submit("c", 0, "ok-c"),
+            engine.submit("a", 0, "ok-a"),
+            engine.submit("b", 0, "bad"),
+            engine.submit("c", 0, "ok-c"),
             return_exceptions=True,
         )
         assert results[0] == "ok-a" and results[2] == "ok-c"
