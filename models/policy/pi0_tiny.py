@@ -1,0 +1,374 @@
+"""pi0-tiny: the pi0 architecture in miniature (Black et al., "pi0: A Vision-Language-Action Flow Model").
+
+Shapes follow openpi's ``Pi0Config`` defaults (3 cameras, 48 prompt tokens, state and action dim
+32, action horizon 50, 10 Euler steps); widths and depths are tiny so a CPU runs it in real time.
+
+Prefix (run once per tick, cached as per-layer K/V):
+    3 cameras -> 4x average pool, conv patch encoder (8x8 patches: 49 per camera)
+                 + patch and camera embeddings
+    prompt    -> byte-level tokens (no tokenizer download) -> token embeddings
+    state     -> one linear state token
+    -> ``depth`` pre-norm transformer layers, bidirectional over the valid prefix tokens
+Action expert (run 10 times per tick):
+    noisy actions x_t + sinusoidal time embedding -> MLP -> action tokens
+    -> ``depth`` expert layers whose attention reads [prefix K/V of the same layer, own K/V]
+    -> velocity v = noise - action
+Flow matching, openpi's convention: x_1 = noise, x_{t+dt} = x_t + dt * v(x_t, t), dt = -1/10.
+
+Everything is seeded: weights from ``config.seed``, the starting noise is one fixed
+``[H, D]`` tensor from the same seed, so an observation always maps to the same chunk, whatever
+else shares its batch (up to float rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.policy import presets
+from models.policy.interface import ObservationError, PolicySpec
+from models.policy.rtc import Guide, RTCOptions, RTCState, guided_velocity
+
+
+@dataclass(frozen=True)
+class Pi0TinyConfig:
+    image_size: int = 224
+    pool: int = 4  # average-pool factor before patching (a cheap stand-in for SigLIP's cost)
+    patch_size: int = 8
+    max_cameras: int = 3
+    prompt_len: int = 48
+    state_dim: int = 32
+    action_dim: int = 32
+    action_horizon: int = 50
+    num_steps: int = 10
+    width: int = 64  # prefix ("VLM") width
+    expert_width: int = 32  # action expert width (pi0: 1024 vs 2048)
+    n_head: int = 4
+    head_dim: int = 16
+    depth: int = 2
+    seed: int = 0
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.pool // self.patch_size) ** 2
+
+
+VOCAB = 257  # UTF-8 bytes + padding id
+PAD_ID = 256
+
+
+class Layer(nn.Module):
+    """Pre-norm transformer layer whose attention may also read cached K/V of another stream."""
+
+    def __init__(self, width: int, n_head: int, head_dim: int) -> None:
+        super().__init__()
+        self.n_head, self.head_dim = n_head, head_dim
+        self.norm1 = nn.RMSNorm(width)
+        self.qkv = nn.Linear(width, 3 * n_head * head_dim, bias=False)
+        self.proj = nn.Linear(n_head * head_dim, width, bias=False)
+        self.norm2 = nn.RMSNorm(width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"), nn.Linear(4 * width, width)
+        )
+
+    def forward(
+        self, x: torch.Tensor, bias: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """``bias`` [B, 1, 1, keys] is additive (0 or -inf). With ``kv`` (buffers holding another
+        stream's K/V followed by room for this one's), this stream's K/V are written into the tail and
+        attention reads the whole buffer: no per-step concatenation."""
+        B, T, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        if kv is not None:
+            kv[0][:, :, -T:] = k
+            kv[1][:, :, -T:] = v
+            k, v = kv
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, -1))
+        x = x + self.mlp(self.norm2(x))
+        return x, (k, v)
+
+
+def sinusoidal(t: torch.Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> torch.Tensor:
+    """openpi's ``posemb_sincos`` of the flow time (periods between 4e-3 and 4)."""
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float32)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = t[:, None] * (2 * math.pi / period)[None, :]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
+
+
+def attention_bias(valid: torch.Tensor) -> torch.Tensor:
+    """[B, K] bool (True = attend) -> additive [B, 1, 1, K] bias."""
+    return torch.zeros(valid.shape, dtype=torch.float32).masked_fill(~valid, float("-inf"))[:, None, None, :]
+
+
+@dataclass
+class PrefixCache:
+    """Per-layer K/V buffers ``[B, heads, P + H, head_dim]``: the prefix's K/V, then room for the
+    action tokens' K/V; ``bias`` is the expert's attention bias over those keys."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    bias: torch.Tensor
+
+
+class Pi0Tiny(nn.Module):
+    def __init__(self, config: Pi0TinyConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(c.seed)
+            self.patch = nn.Conv2d(3, c.width, c.patch_size, c.patch_size)
+            self.patch_pos = nn.Parameter(0.02 * torch.randn(c.n_patches, c.width))
+            self.camera_emb = nn.Parameter(0.02 * torch.randn(c.max_cameras, c.width))
+            self.token_emb = nn.Embedding(VOCAB, c.width)
+            self.token_pos = nn.Parameter(0.02 * torch.randn(c.prompt_len, c.width))
+            self.state_in = nn.Linear(c.state_dim, c.width)
+            self.prefix_layers = nn.ModuleList(Layer(c.width, c.n_head, c.head_dim) for _ in range(c.depth))
+            self.action_in = nn.Linear(c.action_dim, c.expert_width)
+            self.action_time_mlp = nn.Sequential(
+                nn.Linear(2 * c.expert_width, c.expert_width),
+                nn.SiLU(),
+                nn.Linear(c.expert_width, c.expert_width),
+            )
+            self.action_pos = nn.Parameter(0.02 * torch.randn(c.action_horizon, c.expert_width))
+            self.expert_layers = nn.ModuleList(
+                Layer(c.expert_width, c.n_head, c.head_dim) for _ in range(c.depth)
+            )
+            self.action_norm = nn.RMSNorm(c.expert_width)
+            self.action_out = nn.Linear(c.expert_width, c.action_dim)
+            self.register_buffer("noise", torch.randn(c.action_horizon, c.action_dim), persistent=False)
+        self.eval()
+
+    def embed_prefix(
+        self,
+        images: torch.Tensor,  # [B, C, 3, R, R] in [-1, 1]
+        image_mask: torch.Tensor,  # [B, C] bool
+        tokens: torch.Tensor,  # [B, L] long
+        token_mask: torch.Tensor,  # [B, L] bool
+        state: torch.Tensor,  # [B, S]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        B, C = image_mask.shape
+        pooled = F.avg_pool2d(images.flatten(0, 1), self.config.pool)
+        patches = self.patch(pooled).flatten(2).transpose(1, 2)  # [B*C, N, W]
+        patches = patches.view(B, C, -1, self.config.width) + self.patch_pos + self.camera_emb[:C, None, :]
+        emb = torch.cat(
+            [
+                patches.flatten(1, 2),
+                self.token_emb(tokens) + self.token_pos,
+                self.state_in(state)[:, None, :],
+            ],
+            dim=1,
+        )
+        mask = torch.cat(
+            [
+                image_mask.repeat_interleave(self.config.n_patches, dim=1),
+                token_mask,
+                torch.ones(B, 1, dtype=torch.bool),
+            ],
+            dim=1,
+        )
+        return emb, mask
+
+    def prefix_cache(self, emb: torch.Tensor, mask: torch.Tensor) -> PrefixCache:
+        """Run the prefix once (bidirectional, padding never attended to) and keep its K/V."""
+        B, P, _ = emb.shape
+        H = self.config.action_horizon
+        bias = attention_bias(mask)
+        kv = []
+        x = emb
+        for layer in self.prefix_layers:
+            x, (k, v) = layer(x, bias)
+            buffers = (
+                k.new_zeros(B, k.shape[1], P + H, k.shape[3]),
+                v.new_zeros(B, v.shape[1], P + H, v.shape[3]),
+            )
+            buffers[0][:, :, :P] = k
+            buffers[1][:, :, :P] = v
+            kv.append(buffers)
+        return PrefixCache(kv, attention_bias(torch.cat([mask, torch.ones(B, H, dtype=torch.bool)], dim=1)))
+
+    def velocity(self, cache: PrefixCache, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The action expert: v(x_t, t) given the cached prefix (one Euler step's model call)."""
+        B, H, _ = x_t.shape
+        time_emb = sinusoidal(t, self.config.expert_width)[:, None, :].expand(B, H, -1)
+        x = self.action_time_mlp(torch.cat([self.action_in(x_t), time_emb], dim=-1)) + self.action_pos
+        for layer, kv in zip(self.expert_layers, cache.kv, strict=True):
+            x, _ = layer(x, cache.bias, kv)
+        return self.action_out(self.action_norm(x))
+
+    @torch.no_grad()
+    def sample(self, cache: PrefixCache, guide: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        """10 Euler steps from the seeded noise; ``guide`` = (target, weights, max_weight) for RTC."""
+        B = cache.bias.shape[0]
+        steps = self.config.num_steps
+        x = self.noise.expand(B, -1, -1).clone()
+        for i in range(steps):
+            t = 1.0 - i / steps
+            t_vec = torch.full((B,), t)
+            if guide is None:
+                v = self.velocity(cache, x, t_vec)
+            else:
+                v = guided_velocity(lambda xt, tv=t_vec: self.velocity(cache, xt, tv), x, t, *guide)
+            x = x - v / steps
+        return x
+
+
+@dataclass(frozen=True)
+class Pi0Input:
+    """One prepared observation: fixed-shape tensors plus the tick's RTC request."""
+
+    images: torch.Tensor  # [C, 3, R, R]
+    image_mask: torch.Tensor  # [C]
+    tokens: torch.Tensor  # [L]
+    token_mask: torch.Tensor  # [L]
+    state: torch.Tensor  # [S]
+    rtc: RTCOptions | None
+
+
+def tokenize(prompt: str, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = list(prompt.encode("utf-8"))[:length]
+    tokens = torch.full((length,), PAD_ID, dtype=torch.long)
+    tokens[: len(ids)] = torch.tensor(ids, dtype=torch.long)
+    mask = torch.zeros(length, dtype=torch.bool)
+    mask[: len(ids)] = True
+    return tokens, mask
+
+
+def resize_with_pad(image: np.ndarray, size: int) -> torch.Tensor:
+    """uint8 HWC -> float [3, size, size] in [-1, 1], aspect kept, padded with -1 (openpi/vllm-omni)."""
+    x = torch.tensor(image, dtype=torch.float32).permute(2, 0, 1) / 127.5 - 1.0
+    h, w = image.shape[:2]
+    if (h, w) == (size, size):
+        return x
+    scale = size / max(h, w)
+    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
+    x = F.interpolate(x[None], size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)[0]
+    top, left = (size - nh) // 2, (size - nw) // 2
+    return F.pad(x, (left, size - nw - left, top, size - nh - top), value=-1.0)
+
+
+class Pi0TinyPolicy:
+    """The embedded default robot policy (implements ``models.policy.interface.Policy``).
+
+    ``preset=None`` auto-detects the observation layout per observation and returns the model's
+    full ``[50, 32]`` chunk; a fixed preset (``"libero"``, ``"droid"``, ``"aloha"``, ``"pi0"``)
+    accepts only that layout and returns the robot's action dims (openpi's ``*Outputs`` slice).
+    """
+
+    def __init__(
+        self, config: Pi0TinyConfig | None = None, preset: str | None = None, default_prompt: str = ""
+    ) -> None:
+        self.config = config or Pi0TinyConfig()
+        if preset is not None and preset not in presets.PRESETS:
+            raise ValueError(f"unknown observation preset {preset!r} (known: {sorted(presets.PRESETS)})")
+        self.preset = presets.PRESETS[preset] if preset else None
+        self.default_prompt = default_prompt
+        self.model = Pi0Tiny(self.config)
+        c = self.config
+        shown = [self.preset] if self.preset else list(presets.PRESETS.values())
+        self.spec = PolicySpec(
+            name="pi0-tiny",
+            action_horizon=c.action_horizon,
+            action_dim=self.preset.action_dim if self.preset else c.action_dim,
+            action_space="joint_position",
+            image_resolution=(c.image_size, c.image_size),
+            camera_keys=tuple(cam.key for cam in (self.preset or presets.PRESETS["pi0"]).cameras),
+            state_dim=c.state_dim,
+            max_cameras=c.max_cameras,
+            extra={
+                "num_inference_steps": c.num_steps,
+                "observation_preset": self.preset.name if self.preset else "auto",
+                "observation_presets": {p.name: p.describe() for p in shown},
+                "real_time_chunking": True,
+                **(dict(self.preset.metadata) if self.preset else {}),
+            },
+        )
+
+    def prepare(self, observation: Mapping[str, Any]) -> Pi0Input:
+        c = self.config
+        preset = self.preset or presets.detect(observation)
+        canon = presets.canonicalize(preset, observation, c.max_cameras, self.default_prompt)
+        blank = torch.full((3, c.image_size, c.image_size), -1.0)
+        images = torch.stack(
+            [blank if im is None else resize_with_pad(im, c.image_size) for im in canon.images]
+        )
+        state = torch.zeros(c.state_dim)
+        n = min(c.state_dim, canon.state.shape[0])
+        state[:n] = torch.tensor(canon.state[:n])
+        tokens, token_mask = tokenize(canon.prompt, c.prompt_len)
+        image_mask = torch.tensor([im is not None for im in canon.images])
+        return Pi0Input(
+            images, image_mask, tokens, token_mask, state, RTCOptions.parse(observation.get("rtc"))
+        )
+
+    def warmup(self, max_batch: int) -> None:
+        """Run blank forwards at batch 1 and ``max_batch`` so first ticks pay no allocation cost."""
+        c = self.config
+        tokens, token_mask = tokenize("", c.prompt_len)
+        blank = Pi0Input(
+            torch.full((c.max_cameras, 3, c.image_size, c.image_size), -1.0),
+            torch.tensor([True] + [False] * (c.max_cameras - 1)),
+            tokens,
+            token_mask,
+            torch.zeros(c.state_dim),
+            None,
+        )
+        for n in sorted({1, max_batch}):
+            self.infer([blank] * n, [None] * n)
+
+    def new_state(self) -> Pi0SessionState:
+        return Pi0SessionState(self.spec.action_horizon, self.spec.action_dim)
+
+    def infer(self, batch: Sequence[Pi0Input], snapshots: Sequence[Guide | None]) -> list[np.ndarray]:
+        if not batch:
+            return []
+        model = self.model
+        with torch.no_grad():
+            cache = model.prefix_cache(
+                *model.embed_prefix(
+                    torch.stack([b.images for b in batch]),
+                    torch.stack([b.image_mask for b in batch]),
+                    torch.stack([b.tokens for b in batch]),
+                    torch.stack([b.token_mask for b in batch]),
+                    torch.stack([b.state for b in batch]),
+                )
+            )
+        chunks = model.sample(cache, self._guide(snapshots))[:, :, : self.spec.action_dim].numpy()
+        out = []
+        for chunk, snap in zip(chunks, snapshots, strict=True):
+            if snap is not None:  # frozen actions execute from the previous chunk: make that exact
+                chunk[: snap.frozen] = snap.target[: snap.frozen]
+            out.append(np.ascontiguousarray(chunk, dtype=np.float32))
+        return out
+
+    def _guide(self, snapshots: Sequence[Guide | None]) -> tuple[torch.Tensor, ...] | None:
+        if all(s is None for s in snapshots):
+            return None
+        c, dims = self.config, self.spec.action_dim
+        B = len(snapshots)
+        target = torch.zeros(B, c.action_horizon, c.action_dim)
+        weights = torch.zeros(B, c.action_horizon, c.action_dim)
+        max_weight = torch.zeros(B)
+        for i, snap in enumerate(snapshots):
+            if snap is not None:
+                target[i, :, :dims] = torch.from_numpy(snap.target)
+                weights[i, :, :dims] = torch.from_numpy(snap.weights)[:, None]
+                max_weight[i] = snap.max_guidance_weight
+        return target, weights, max_weight
+
+
+class Pi0SessionState(RTCState):
+    """pi0-tiny's per-session state is its RTC state; a tick's snapshot is its guide (or None)."""
+
+    def snapshot(self, prepared: Pi0Input, now: float) -> Guide | None:
+        return self.guide(prepared.rtc, now)
+
+
+__all__ = ["ObservationError", "Pi0Input", "Pi0Tiny", "Pi0TinyConfig", "Pi0TinyPolicy"]
