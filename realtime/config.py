@@ -32,7 +32,7 @@ class ConfigError(Exception):
         self.file = file
         self.field_path = field_path
         self.reason = reason
-        where = f" field '{field_path}'" if field_path else ""
+        where = f" field '{field_path}':" if field_path else ""
         super().__init__(f"config error in {file}:{where} {reason}")
 
 

@@ -3,12 +3,14 @@
 On SIGTERM/SIGINT uvicorn stops accepting connections; before it tears connections down
 (uvicorn itself would close websockets with 1012), :class:`GracefulServer` closes every session's
 websocket with 1001 and a reason and waits for their handlers, bounded by
-``server.shutdown_timeout_s``. The process then exits 0.
+``server.shutdown_timeout_s``. The process then exits 0 (uvicorn's default re-raises the signal).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import uvicorn
 from starlette.applications import Starlette
@@ -29,6 +31,14 @@ class GracefulServer(uvicorn.Server):
     def _on_fatal(self, message: str) -> None:
         self.fatal_error = message
         self.should_exit = True
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises a captured SIGTERM after a graceful shutdown, which would end the
+        # process with status -15; a drained shutdown is a success, so the process exits 0.
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)

@@ -60,7 +60,6 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_DTYPE = "unsupported_dtype"
     INVALID_OBSERVATION = "invalid_observation"
     UNKNOWN_ENDPOINT = "unknown_endpoint"
-    TOO_MANY_PENDING = "too_many_pending_requests"
     SESSION_LIMIT = "session_limit_reached"
     SESSION_FAILED = "session_failed"
     INTERNAL = "internal_error"
@@ -275,13 +274,11 @@ class ServerConnection:
 
     ``start(metadata)`` must come first; then every ``receive(frame)`` yields one command that is
     owed exactly one reply, and ``reply(event)`` must answer the oldest owed command (strict
-    request/response order). At most ``max_pending`` commands may be owed at once; a client that
-    pipelines further gets ``too_many_pending_requests`` for the excess.
+    request/response order). Bounding how many may be owed is the caller's job (it stops reading).
     """
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     error_mode: ErrorMode = "recoverable"
-    max_pending: int = 4
     state: State = State.HANDSHAKE
     _next_seq: int = 0
     _owed: deque[int] = field(default_factory=deque)

@@ -216,12 +216,3 @@ def test_openpi_error_mode_sends_text_then_closes_1011_without_traceback():
     assert isinstance(out.frames[0], str) and "Traceback" not in out.frames[0]
     assert out.close == (1011, cmd.message)
     assert conn.state is openpi.State.CLOSED
-
-
-def test_pipelining_beyond_the_bound_is_rejected():
-    conn = ServerConnection(max_pending=1)
-    conn.start({})
-    first = conn.receive(openpi.packb({}))
-    second = conn.receive(openpi.packb({}))
-    assert isinstance(first, Infer)
-    assert isinstance(second, Rejected) and second.code == ErrorCode.TOO_MANY_PENDING
