@@ -102,13 +102,27 @@ class RobotConfig:
     """Robot policy sessions over the OpenPI protocol."""
 
     enabled: bool = False
-    policy: str = "pi0-tiny"
+    policy: Literal["pi0-tiny"] = "pi0-tiny"
     idle_timeout_s: float = 30.0
     max_lifetime_s: float = 0.0
+    observation_preset: Literal["auto", "libero", "droid", "aloha", "pi0"] = "auto"
+    default_prompt: str = ""
+    seed: int = 0
+    max_message_bytes: int = 64 * 1024 * 1024
+    error_mode: Literal["recoverable", "openpi"] = "recoverable"
+    max_pending_requests: int = 2
+    max_batch: int = 8
+    coalesce_window_s: float = 0.005
+    torch_threads: int = 0
 
     def validate(self, path: str) -> None:
         _finite_non_negative(f"{path}.idle_timeout_s", self.idle_timeout_s)
         _finite_non_negative(f"{path}.max_lifetime_s", self.max_lifetime_s)
+        _positive(f"{path}.max_message_bytes", self.max_message_bytes)
+        _positive(f"{path}.max_pending_requests", self.max_pending_requests)
+        _positive(f"{path}.max_batch", self.max_batch)
+        _finite_non_negative(f"{path}.coalesce_window_s", self.coalesce_window_s)
+        _finite_non_negative(f"{path}.torch_threads", self.torch_threads)
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,6 @@ class ErrorCode(enum.StrEnum):
     UNSUPPORTED_DTYPE = "unsupported_dtype"
     INVALID_OBSERVATION = "invalid_observation"
     UNKNOWN_ENDPOINT = "unknown_endpoint"
-    SESSION_LIMIT = "session_limit_reached"
-    SESSION_FAILED = "session_failed"
     INTERNAL = "internal_error"
 
 
@@ -222,7 +220,7 @@ class Rejected:
     """A request that could not be parsed; it is owed an :class:`Error` reply like any other."""
 
     seq: int
-    code: ErrorCode
+    code: str
     message: str
 
 
@@ -246,8 +244,10 @@ class ResetDone:
 
 @dataclass(frozen=True)
 class Error:
+    """An error reply; ``code`` is an :class:`ErrorCode` or a session runtime error code."""
+
     seq: int
-    code: ErrorCode
+    code: str
     message: str
 
 
@@ -299,10 +299,6 @@ class ServerConnection:
         seq = self._next_seq
         self._next_seq += 1
         self._owed.append(seq)
-        if len(self._owed) > self.max_pending:
-            return Rejected(
-                seq, ErrorCode.TOO_MANY_PENDING, f"more than {self.max_pending} requests in flight"
-            )
         if isinstance(frame, str):
             return Rejected(
                 seq, ErrorCode.TEXT_FRAME, "text frames are not accepted; send msgpack binary frames"
@@ -333,7 +329,7 @@ class ServerConnection:
             return Outbound((f"{event.code}: {event.message}",), (INTERNAL_ERROR, _reason(event.message)))
         return Outbound((packb({"type": "error", "code": str(event.code), "message": event.message}),))
 
-    def fatal(self, code: ErrorCode, message: str, close_code: int) -> Outbound:
+    def fatal(self, code: str, message: str, close_code: int) -> Outbound:
         """Close the connection: an error frame in the configured form, then the close code."""
         self.state = State.CLOSED
         if self.error_mode == "openpi":
