@@ -38,7 +38,9 @@ class MatmulStage:
 
     device = "cpu"
 
-    def __init__(self, width: int, tokens: int, fixed_reps: int, item_reps: int, name: str = "bench-matmul") -> None:
+    def __init__(
+        self, width: int, tokens: int, fixed_reps: int, item_reps: int, name: str = "bench-matmul"
+    ) -> None:
         self.name = name
         gen = torch.Generator().manual_seed(0)
         self.weight = torch.randn(width, width, generator=gen) / width**0.5
@@ -97,7 +99,13 @@ def calibrate(stage: MatmulStage, repeats: int = 7) -> tuple[float, float]:
 
 
 async def run(
-    stage: MatmulStage, label: str, sessions: int, max_batch: int, rate_hz: float, duration_s: float, phases: str
+    stage: MatmulStage,
+    label: str,
+    sessions: int,
+    max_batch: int,
+    rate_hz: float,
+    duration_s: float,
+    phases: str,
 ) -> RunResult:
     registry = CollectorRegistry()
     engine = StageEngine(stage, registry=registry, max_batch=max_batch, coalesce_window_s=0.005)
@@ -151,7 +159,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="realtime bench engine", description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--duration", type=float, default=4.0, help="measured seconds per run")
-    parser.add_argument("--rate", default="auto", help="ticks/s per session, or 'auto' (~70%% of batched capacity)")
+    parser.add_argument(
+        "--rate", default="auto", help="ticks/s per session, or 'auto' (~70%% of batched capacity)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=16, help="tokens per item (per-item cost b)")
@@ -177,7 +187,9 @@ def main(argv: list[str]) -> int:
         ]
 
     single, unbatched, batched, random_phases = asyncio.run(all_runs())
-    print(f"{'run':<26}{'sessions':>9}{'max_batch':>10}{'ticks/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'mean batch':>11}{'forward ms':>11}")
+    print(
+        f"{'run':<26}{'sessions':>9}{'max_batch':>10}{'ticks/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'mean batch':>11}{'forward ms':>11}"
+    )
     for r in (single, unbatched, batched, random_phases):
         print(
             f"{r.label:<26}{r.sessions:>9}{r.max_batch:>10}{r.ticks_per_s:>10.1f}"
