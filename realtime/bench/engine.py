@@ -168,7 +168,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fixed-reps", type=int, default=24, help="fixed matmuls per forward (cost a)")
     parser.add_argument("--item-reps", type=int, default=16)
     args = parser.parse_args(argv)
+    threads_before = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        return _bench(args)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _bench(args: argparse.Namespace) -> int:
     stage = MatmulStage(args.width, args.tokens, args.fixed_reps, args.item_reps)
     a, b = calibrate(stage)
     n = args.sessions

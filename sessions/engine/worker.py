@@ -47,7 +47,9 @@ class DeviceWorker:
             return contextlib.nullcontext(), None
         import torch
 
-        stream = torch.cuda.Stream(device=torch.device(self.device))
+        device = torch.device(self.device)
+        torch.cuda.set_device(device)  # per thread: default allocations land on this device
+        stream = torch.cuda.Stream(device=device)
         return torch.cuda.stream(stream), stream
 
     def _loop(self) -> None:
