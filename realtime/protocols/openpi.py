@@ -196,6 +196,19 @@ def unpackb(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Any:
         ) from None
 
 
+def decode(frame: bytes | str, max_bytes: int) -> Any:
+    """One inbound frame -> the decoded message, or the :class:`CodecError` (returned, not raised).
+
+    Pure and thread-safe: large frames may be decoded off the event loop.
+    """
+    if isinstance(frame, str):
+        return CodecError(ErrorCode.TEXT_FRAME, "text frames are not accepted; send msgpack binary frames")
+    try:
+        return unpackb(frame, max_bytes)
+    except CodecError as exc:
+        return exc
+
+
 # --------------------------------------------------------------------------- commands and events
 
 
@@ -294,20 +307,22 @@ class ServerConnection:
         return len(self._owed)
 
     def receive(self, frame: bytes | str) -> Command:
+        """Decode ``frame`` and turn it into the next owed command."""
+        return self.accept(decode(frame, self.max_message_bytes))
+
+    def accept(self, decoded: Any) -> Command:
+        """Turn an already :func:`decode`-d frame (a message or a :class:`CodecError`) into a command.
+
+        Lets a caller decode large frames on another thread; only this step touches the state.
+        """
         if self.state is not State.OPEN:
             raise RuntimeError(f"cannot receive in state {self.state.value}")
         seq = self._next_seq
         self._next_seq += 1
         self._owed.append(seq)
-        if isinstance(frame, str):
-            return Rejected(
-                seq, ErrorCode.TEXT_FRAME, "text frames are not accepted; send msgpack binary frames"
-            )
-        try:
-            message = unpackb(frame, self.max_message_bytes)
-        except CodecError as exc:
-            return Rejected(seq, exc.code, exc.message)
-        return _command(seq, message)
+        if isinstance(decoded, CodecError):
+            return Rejected(seq, decoded.code, decoded.message)
+        return _command(seq, decoded)
 
     def reply(self, event: Reply) -> Outbound:
         if self.state is not State.OPEN:

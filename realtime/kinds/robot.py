@@ -1,0 +1,345 @@
+"""Robot policy sessions over the OpenPI websocket protocol (docs/protocols/openpi.md).
+
+Serves unmodified ``openpi-client`` robots at ``/`` and ``/v1/realtime/robot/openpi``. Each
+connection is one session of the session runtime (admission, idle timeout, reset, close through
+``SessionManager``); observations of all connected robots batch into one forward through the
+policy's ``StageEngine``, on the engine's worker thread.
+
+Per connection: one reader task (frames -> codec commands, bounded by
+``robot.max_pending_requests``), one runner (the session's single writer: prepare the
+observation off the loop, snapshot per-session state, run the tick, commit the chunk) and one
+writer task (codec replies -> frames). Replies go out strictly in request order.
+
+Client ``session_id`` (an optional observation key) follows vllm-omni: the first call of a
+connection starts fresh; a different id than the previous call resets the session first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from prometheus_client import Counter
+from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from models.policy.interface import ObservationError, Policy
+from models.policy.pi0_tiny import Pi0TinyConfig, Pi0TinyPolicy
+from models.policy.stage import PolicyChunk, PolicyStage, PolicyTick
+from realtime import __version__
+from realtime.auth import api_key_ok
+from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
+from realtime.protocols import openpi
+from sessions.capacity import MemoryDeclaration, available_memory_bytes, plan_capacity
+from sessions.engine import StageEngine
+from sessions.engine.engine import DEFAULT_MAX_SESSIONS
+from sessions.errors import SessionError
+from sessions.log_context import session_context
+from sessions.manager import AdmissionPolicy, SessionManager
+from sessions.reaper import ExpiryPolicy
+from sessions.session import Session, SessionLimits
+from sessions.tick import TickOutput, TickSnapshot
+
+log = logging.getLogger("realtime.robot")
+
+PATHS = ("/", "/v1/realtime/robot/openpi")
+POLICY_VIOLATION = 1008
+GOING_AWAY = 1001
+TRY_AGAIN_LATER = 1013
+INTERNAL_ERROR = 1011
+OFFLOAD_DECODE_BYTES = 1 << 20  # frames above this are decoded on a worker thread
+_CLOSE_REASONS = {
+    "idle": "idle timeout: no request for {idle:g} s",
+    "lifetime": "maximum session lifetime reached",
+    "evicted": "session evicted to make room",
+    "shutdown": "server shutting down",
+}
+
+
+def handshake_metadata(policy: Policy, config: Any) -> dict[str, Any]:
+    """The first frame of every connection: the policy's spec plus server and protocol facts."""
+    return {
+        **policy.spec.metadata(),
+        "server": "realtime-sessions",
+        "server_version": __version__,
+        "protocol": openpi.PROTOCOL,
+        "protocol_version": openpi.PROTOCOL_VERSION,
+        "error_mode": config.error_mode,
+        "max_message_bytes": config.max_message_bytes,
+    }
+
+
+class _EngineExecutor:
+    """The sessions' tick executor: one tick = one item of the policy engine's next batch."""
+
+    def __init__(self, engine: StageEngine) -> None:
+        self.engine = engine
+
+    async def execute(self, snapshot: TickSnapshot) -> TickOutput[PolicyChunk]:
+        await self.engine.open(snapshot.session_id)  # idempotent; a reset released the slot
+        chunk = await self.engine.submit(snapshot.session_id, snapshot.epoch, snapshot.payload)
+        return TickOutput(snapshot.metadata, chunk)
+
+
+class RobotService:
+    """The ``robot`` session kind (``realtime.kinds.base.SessionKindService``)."""
+
+    name = "robot"
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        self.config = ctx.config.robot
+        self.policy: Pi0TinyPolicy | None = None
+        self.metadata: dict[str, Any] = {}
+        self.engine: StageEngine | None = None
+        self.manager: SessionManager | None = None
+        self.errors = Counter(
+            "realtime_robot_errors",
+            "OpenPI error replies and fatal closes by code",
+            ["code"],
+            registry=ctx.registry,
+        )
+
+    def routes(self) -> list[BaseRoute]:
+        return [WebSocketRoute(path, self._endpoint) for path in PATHS]
+
+    def models(self) -> list[ServedModel]:
+        details = (
+            {k: self.metadata[k] for k in ("action_horizon", "action_dim", "camera_keys")}
+            if self.metadata
+            else {}
+        )
+        return [ServedModel(self.config.policy, self.name, PATHS, details)]
+
+    def load(self, progress: ProgressFn) -> None:
+        cfg = self.config
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        progress("build policy", 0, 2)
+        preset = None if cfg.observation_preset == "auto" else cfg.observation_preset
+        self.policy = Pi0TinyPolicy(
+            Pi0TinyConfig(seed=cfg.seed), preset=preset, default_prompt=cfg.default_prompt
+        )
+        progress("warm up", 1, 2)
+        self.policy.warmup(cfg.max_batch)
+        self.metadata = handshake_metadata(self.policy, cfg)
+        progress("ready", 2, 2)
+
+    async def start(self) -> None:
+        cfg, runtime = self.config, self.ctx.config.runtime
+        assert self.policy is not None, "load() runs before start()"
+        self.engine = StageEngine(
+            PolicyStage(self.policy, name="robot-policy"),
+            registry=self.ctx.registry,
+            max_batch=cfg.max_batch,
+            coalesce_window_s=cfg.coalesce_window_s,
+        )
+        declaration = MemoryDeclaration(
+            resident_bytes_per_session=self.policy.new_state().nbytes, max_sessions=DEFAULT_MAX_SESSIONS
+        )
+        plan = plan_capacity(
+            declaration,
+            available_bytes=runtime.memory_available_bytes or available_memory_bytes("cpu"),
+            fraction=runtime.memory_budget_fraction,
+            max_sessions=runtime.max_sessions,
+        )
+        self.manager = SessionManager(
+            self.name,
+            executor=_EngineExecutor(self.engine),
+            capacity=plan,
+            lifecycle=self.engine,
+            admission=AdmissionPolicy(
+                over_capacity=runtime.over_capacity,
+                max_queued=runtime.max_queued_sessions,
+                evict_idle_lru=runtime.evict_idle_lru,
+            ),
+            expiry=ExpiryPolicy(
+                idle_timeout_s=cfg.idle_timeout_s,
+                max_lifetime_s=cfg.max_lifetime_s,
+                interval_s=min(1.0, cfg.idle_timeout_s / 4) if cfg.idle_timeout_s > 0 else 1.0,
+            ),
+            limits=SessionLimits(max_pending_events=runtime.max_pending_events),
+            state_factory=self.policy.new_state,
+            registry=self.ctx.registry,
+        )
+        await self.manager.start()
+        log.info("robot sessions ready", extra={"capacity": plan.capacity, "max_batch": cfg.max_batch})
+
+    async def stop(self) -> None:
+        if self.manager is not None:
+            await self.manager.shutdown()
+        if self.engine is not None:
+            await self.engine.close()
+
+    async def _endpoint(self, websocket: WebSocket) -> None:
+        if not api_key_ok(websocket.headers, self.ctx.config.server.api_keys):
+            await websocket.close(code=POLICY_VIOLATION, reason="unauthorized")  # before accept: HTTP 403
+            return
+        await websocket.accept()
+        async with self.ctx.connections.track(websocket, self.name):
+            await _Connection(self, websocket).run()
+
+
+@dataclass
+class _Pending:
+    command: openpi.Command
+    received_at: float
+
+
+class _Connection:
+    """One robot's websocket: the reader, runner and writer tasks around one session."""
+
+    def __init__(self, service: RobotService, websocket: WebSocket) -> None:
+        self.service = service
+        self.ws = websocket
+        cfg = service.config
+        self.codec = openpi.ServerConnection(
+            max_message_bytes=cfg.max_message_bytes, error_mode=cfg.error_mode
+        )
+        self.commands: asyncio.Queue[_Pending] = asyncio.Queue(cfg.max_pending_requests)
+        self.replies: asyncio.Queue[tuple[openpi.Reply, float]] = asyncio.Queue(cfg.max_pending_requests)
+        self.episode: str | None = None
+        self.prev_total_ms: float | None = None
+
+    async def run(self) -> None:
+        manager = self.service.manager
+        assert manager is not None
+        try:
+            session = await manager.create()
+        except SessionError as exc:
+            await self._send(self.codec.fatal(exc.code, exc.message, TRY_AGAIN_LATER))
+            self.service.errors.labels(exc.code).inc()
+            return
+        try:
+            with session_context(session.session_id):
+                await self._serve(session)
+        except Exception:
+            log.exception("robot connection failed")
+            await self._close(INTERNAL_ERROR, "internal server error")
+        finally:
+            await manager.disconnect(session.session_id)
+
+    async def _serve(self, session: Session) -> None:
+        await self.ws.send_bytes(self.codec.start(self.service.metadata))
+        tasks = {
+            asyncio.create_task(self._read(), name="openpi-reader"),
+            asyncio.create_task(self._run(session), name="openpi-runner"),
+            asyncio.create_task(self._write(), name="openpi-writer"),
+        }
+        ended = asyncio.create_task(session.wait_closed(), name="openpi-session-end")
+        try:
+            done, _ = await asyncio.wait(tasks | {ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks | {ended}:
+                task.cancel()
+            await asyncio.gather(*tasks, ended, return_exceptions=True)
+        for task in done & tasks:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()
+        if ended in done:
+            reason = ended.result()
+            text = _CLOSE_REASONS.get(reason, "session closed: {reason}").format(
+                idle=self.service.config.idle_timeout_s, reason=reason
+            )
+            await self._close(GOING_AWAY if reason == "shutdown" else POLICY_VIOLATION, text)
+
+    async def _read(self) -> None:
+        max_bytes = self.service.config.max_message_bytes
+        while True:
+            try:
+                message = await self.ws.receive()
+            except (WebSocketDisconnect, RuntimeError):
+                return
+            if message["type"] == "websocket.disconnect":
+                return
+            frame = message.get("bytes")
+            if frame is None:
+                frame = message.get("text", "")
+            received_at = time.perf_counter()
+            if len(frame) > OFFLOAD_DECODE_BYTES:
+                decoded = await asyncio.to_thread(openpi.decode, frame, max_bytes)
+            else:
+                decoded = openpi.decode(frame, max_bytes)
+            del frame
+            await self.commands.put(_Pending(self.codec.accept(decoded), received_at))
+
+    async def _run(self, session: Session) -> None:
+        while True:
+            pending = await self.commands.get()
+            reply = await self._handle(session, pending)
+            if isinstance(reply, openpi.Error):
+                self.service.errors.labels(reply.code).inc()
+            await self.replies.put((reply, pending.received_at))
+
+    async def _handle(self, session: Session, pending: _Pending) -> openpi.Reply:
+        cmd = pending.command
+        manager = self.service.manager
+        policy = self.service.policy
+        assert manager is not None and policy is not None
+        if isinstance(cmd, openpi.Rejected):
+            return openpi.Error(cmd.seq, cmd.code, cmd.message)
+        try:
+            if isinstance(cmd, openpi.Reset):
+                await manager.reset(session.session_id)
+                return openpi.ResetDone(cmd.seq)
+            if cmd.session_id is not None and cmd.session_id != self.episode:
+                if self.episode is not None:
+                    await manager.reset(session.session_id)
+                self.episode = cmd.session_id
+            try:
+                prepared = await asyncio.to_thread(policy.prepare, cmd.observation)
+            except ObservationError as exc:
+                return openpi.Error(cmd.seq, openpi.ErrorCode.INVALID_OBSERVATION, str(exc))
+            except Exception:
+                log.exception("preparing an observation failed")
+                return openpi.Error(
+                    cmd.seq, openpi.ErrorCode.INTERNAL, "internal error preparing the observation"
+                )
+            tick = PolicyTick(prepared, session.state.snapshot(prepared, time.monotonic()))
+            result = await session.next_tick(tick)
+        except SessionError as exc:
+            return openpi.Error(cmd.seq, exc.code, exc.message)
+        chunk: PolicyChunk = result.value
+        latency = time.perf_counter() - pending.received_at
+        session.state.commit(chunk.actions, latency, time.monotonic())
+        server_timing = {"infer_ms": latency * 1000.0}
+        if self.prev_total_ms is not None:
+            server_timing["prev_total_ms"] = self.prev_total_ms
+        policy_timing = {"infer_ms": chunk.forward_ms, "batch_size": float(chunk.batch_size)}
+        return openpi.Actions(cmd.seq, chunk.actions, server_timing, policy_timing)
+
+    async def _write(self) -> None:
+        while True:
+            reply, received_at = await self.replies.get()
+            out = self.codec.reply(reply)
+            await self._send(out)
+            self.prev_total_ms = (time.perf_counter() - received_at) * 1000.0
+            if out.close is not None:
+                return
+
+    async def _send(self, out: openpi.Outbound) -> None:
+        for frame in out.frames:
+            if isinstance(frame, str):
+                await self.ws.send_text(frame)
+            else:
+                await self.ws.send_bytes(frame)
+        if out.close is not None:
+            await self._close(*out.close)
+
+    async def _close(self, code: int, reason: str) -> None:
+        if (
+            self.ws.application_state == WebSocketState.CONNECTED
+            and self.ws.client_state == WebSocketState.CONNECTED
+        ):
+            try:
+                await self.ws.close(code=code, reason=reason[:123])
+            except RuntimeError:  # the client closed at the same moment
+                pass
+
+
+def build_robot_service(ctx: ServerContext) -> RobotService:
+    return RobotService(ctx)
