@@ -133,6 +133,12 @@ class MailboxFullError(SessionError):
     code = "mailbox_full"
 
 
+class StaleEpochError(SessionError):
+    """Tracked work noticed that its session's epoch moved on (reset, close, failure)."""
+
+    code = "stale_epoch"
+
+
 class CapacityError(SessionError, ValueError):
     """Startup: the model cannot fit even one session into the available memory."""
 

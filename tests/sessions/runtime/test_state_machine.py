@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
 from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from sessions.errors import (
     ChunkMetadataError,
@@ -29,8 +29,8 @@ from sessions.tick import TickMetadata
 
 from .fakes import RecordingLifecycle, ScriptedExecutor, make_manager
 
-IDS = st.sampled_from(["a", "b", "c", "d"])
-CAPACITY, MAX_PENDING = 3, 3
+IDS = st.sampled_from(["a", "b", "c"])
+CAPACITY, MAX_PENDING = 2, 3
 
 
 @dataclass
@@ -66,10 +66,8 @@ class SessionContract(RuleBasedStateMachine):
             reducer_factory=Switch,
         )
         self.model: dict[str, Model] = {}
-        self.steps = []
 
     def teardown(self) -> None:
-        import sys; print('STEPS', self.steps, file=sys.stderr)
         self.loop.close()
 
     def run(self, coro):
@@ -91,9 +89,13 @@ class SessionContract(RuleBasedStateMachine):
             return CleanupFailedError
         return None
 
+    @initialize()
+    def start_two_sessions(self):
+        for sid in ("a", "b"):
+            self.create(sid)
+
     @rule(sid=IDS)
     def create(self, sid):
-        self.steps.append('c'+sid)
         _, err = self.outcome(self.manager.create(sid))
         if sid in self.model:
             assert isinstance(err, SessionExistsError)
@@ -111,7 +113,6 @@ class SessionContract(RuleBasedStateMachine):
         value=st.integers(0, 3),
     )
     def accept(self, sid, event_id, prompt, track, value):
-        self.steps.append('a'+sid+str(event_id))
         controls = (ControlInput(track, "s", value),) if track else ()
         ev = SessionEvent(event_id, prompt=prompt, controls=controls)
 
@@ -183,7 +184,6 @@ class SessionContract(RuleBasedStateMachine):
 
     @rule(sid=IDS, release_fails=st.booleans())
     def reset(self, sid, release_fails):
-        self.steps.append('r'+sid)
         self.lifecycle.failures_left = int(release_fails)
         _, err = self.outcome(self.manager.reset(sid))
         self.lifecycle.failures_left = 0
@@ -233,5 +233,5 @@ class SessionContract(RuleBasedStateMachine):
         assert self.manager.occupied == len(self.model)
 
 
-SessionContract.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+SessionContract.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 test_session_contract = SessionContract.TestCase
