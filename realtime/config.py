@@ -85,6 +85,13 @@ class RuntimeConfig:
     max_queued_sessions: int = 16
     evict_idle_lru: bool = False
     max_pending_events: int = 64
+    admission_queue_timeout_s: float = 30.0
+    evict_min_idle_s: float = 0.0
+    release_timeout_s: float = 30.0
+    reaper_interval_s: float = 1.0
+    lifetime_warning_s: float = 30.0
+    max_event_id_ranges: int = 1024
+    max_mailbox_items: int = 64
 
     def validate(self, path: str) -> None:
         if not 0 < self.memory_budget_fraction <= 1:
@@ -95,6 +102,13 @@ class RuntimeConfig:
             _positive(f"{path}.max_sessions", self.max_sessions)
         _finite_non_negative(f"{path}.max_queued_sessions", self.max_queued_sessions)
         _positive(f"{path}.max_pending_events", self.max_pending_events)
+        _positive(f"{path}.admission_queue_timeout_s", self.admission_queue_timeout_s)
+        _finite_non_negative(f"{path}.evict_min_idle_s", self.evict_min_idle_s)
+        _positive(f"{path}.release_timeout_s", self.release_timeout_s)
+        _positive(f"{path}.reaper_interval_s", self.reaper_interval_s)
+        _finite_non_negative(f"{path}.lifetime_warning_s", self.lifetime_warning_s)
+        _positive(f"{path}.max_event_id_ranges", self.max_event_id_ranges)
+        _positive(f"{path}.max_mailbox_items", self.max_mailbox_items)
 
 
 @dataclass(frozen=True)
