@@ -219,8 +219,11 @@ class SessionManager:
                 on_status=self._status_changed,
                 on_tick=self._tick_finished,
             )
-        finally:
+        except BaseException:
             self._reserved -= 1
+            self._slot_freed()
+            raise
+        self._reserved -= 1
         self._sessions[sid] = session
         self._count_status(session.status, +1)
         self._counts["created"] += 1

@@ -336,8 +336,9 @@ class Session:
 
     def _mark_failed(self, failure: str) -> None:
         self._epoch += 1
-        self.failure = failure
-        self._set_status(SessionStatus.FAILED)
+        if self._status in (SessionStatus.ACTIVE, SessionStatus.FAILED):  # never undo a close
+            self.failure = failure
+            self._set_status(SessionStatus.FAILED)
 
     async def _fail(self, error: TickFailedError, cause: BaseException | None = None) -> None:
         """Fail closed: FAILED, release worker state (a forward may have half-written it), raise."""

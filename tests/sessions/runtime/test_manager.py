@@ -323,3 +323,31 @@ async def test_metrics_count_sessions_by_state_ticks_and_rejections():
     await manager.close("a")
     assert value("realtime_sessions", state="failed") == 0
     assert value("realtime_sessions", state="closed") == 0
+
+
+async def test_cancelled_tick_during_close_does_not_undo_the_close():
+    executor, lifecycle = ScriptedExecutor(), RecordingLifecycle()
+    executor.gate = asyncio.Event()
+    lifecycle.hang = asyncio.Event()
+    manager = make_manager(executor, lifecycle)
+    session = await manager.create("w")
+    tick = asyncio.create_task(session.next_tick())
+    await executor.started.wait()
+    close = asyncio.create_task(manager.close("w"))
+    await asyncio.sleep(0)
+    tick.cancel()
+    await asyncio.gather(tick, return_exceptions=True)
+    assert session.status is SessionStatus.CLOSING
+    lifecycle.hang.set()
+    assert await close is SessionStatus.CLOSED
+    assert lifecycle.releases == [("w", "close")]
+
+
+async def test_a_failing_reducer_factory_gives_its_slot_back():
+    def broken():
+        raise RuntimeError("no reducer")
+
+    manager = make_manager(capacity=1, reducer_factory=broken)
+    with pytest.raises(RuntimeError):
+        await manager.create("a")
+    assert manager.occupied == 0
