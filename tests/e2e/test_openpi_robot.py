@@ -1,0 +1,258 @@
+"""Robot sessions end to end: the real openpi-client 0.1.2 against the real server over loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import msgpack
+import numpy as np
+import pytest
+import websockets.sync.client as ws_client
+from openpi_client import msgpack_numpy
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from models.policy.pi0_tiny import Pi0TinyPolicy
+from realtime.config import config_from_mapping
+from realtime.kinds.robot import handshake_metadata
+from tests.robot.test_pi0_tiny import aloha, droid, libero, pi0_obs
+from tests.serving import serve_in_process
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")  # the module-scoped servers live on that loop
+
+LIMIT = 1 << 20  # robot.max_message_bytes in the main server: oversized frames get a typed error
+# Blocking clients get their own threads: the loop's default executor belongs to the server.
+CLIENTS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="openpi-client")
+
+
+def in_client_thread(fn, *args, **kwargs):
+    return asyncio.get_running_loop().run_in_executor(CLIENTS, functools.partial(fn, *args, **kwargs))
+
+
+@pytest.fixture(scope="module")
+async def server():
+    config = config_from_mapping({"robot": {"enabled": True, "max_message_bytes": LIMIT}})
+    async with serve_in_process(config) as (url, srv):
+        yield url.replace("http://", "ws://"), srv.rt_app.state.rt.kinds[0], config
+
+
+@pytest.fixture(scope="module")
+def local() -> Pi0TinyPolicy:
+    return Pi0TinyPolicy()
+
+
+def expected(policy: Pi0TinyPolicy, obs: dict) -> np.ndarray:
+    return policy.infer([policy.prepare(obs)], [None])[0]
+
+
+def raw(url: str, **kw):
+    return ws_client.connect(url, compression=None, max_size=None, open_timeout=10, **kw)
+
+
+async def test_metadata_frame_arrives_first_and_matches_the_policy(server, local):
+    url, service, config = server
+    for path in ("", "/v1/realtime/robot/openpi"):
+        policy = await in_client_thread(WebsocketClientPolicy, url + path)
+        assert policy.get_server_metadata() == handshake_metadata(local, config.robot)
+        await in_client_thread(policy._ws.close)
+
+    def metadata_without_sending() -> dict:
+        with raw(url) as conn:
+            return msgpack_numpy.unpackb(conn.recv(timeout=10))
+
+    meta = await in_client_thread(metadata_without_sending)
+    assert meta["action_horizon"] == 50 and meta["action_dim"] == 32 and meta["needs_session_id"] is False
+    assert meta["protocol"] == "openpi" and meta["image_resolution"] == [224, 224]
+    async with httpx.AsyncClient() as http:
+        health = await http.get(url.replace("ws://", "http://") + "/healthz")
+    assert health.status_code == 200 and health.text == "OK\n"
+
+
+@pytest.mark.parametrize("make", [libero, droid, aloha, pi0_obs], ids=lambda f: f.__name__)
+async def test_robot_shaped_observations_get_the_advertised_chunk(server, local, make):
+    url, _, _ = server
+
+    def go():
+        policy = WebsocketClientPolicy(url)
+        try:
+            return policy.infer(make(7)), policy.infer(make(7))
+        finally:
+            policy._ws.close()
+
+    first, second = await in_client_thread(go)
+    for reply in (first, second):
+        assert reply["actions"].shape == (50, 32) and np.isfinite(reply["actions"]).all()
+        np.testing.assert_allclose(reply["actions"], expected(local, make(7)), atol=1e-4)
+        assert reply["server_timing"]["infer_ms"] > 0 and reply["policy_timing"]["infer_ms"] > 0
+    assert "prev_total_ms" in second["server_timing"] and "prev_total_ms" not in first["server_timing"]
+
+
+async def test_eight_concurrent_clients_get_their_own_answers_in_order(server, local):
+    url, service, _ = server
+    steps = 4
+    wanted = {(c, s): expected(local, libero(100 * c + s)) for c in range(8) for s in range(steps)}
+    got: dict = {}
+    barrier = threading.Barrier(8)
+
+    def robot(c: int) -> None:
+        policy = WebsocketClientPolicy(url)
+        barrier.wait(timeout=30)
+        try:
+            for s in range(steps):
+                got[(c, s)] = policy.infer(libero(100 * c + s))
+        finally:
+            policy._ws.close()
+
+    await asyncio.gather(*(in_client_thread(robot, c) for c in range(8)))
+    for key, want in wanted.items():
+        np.testing.assert_allclose(got[key]["actions"], want, atol=1e-4, err_msg=str(key))
+    assert max(r["policy_timing"]["batch_size"] for r in got.values()) > 1  # batched across robots
+    await _until(lambda: len(service.manager) == 0 and service.engine.active_sessions == 0)
+
+
+async def _until(predicate, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+def _marker(dtype: str, shape: list[int], data: bytes) -> dict:
+    return {b"__ndarray__": True, b"data": data, b"dtype": dtype, b"shape": shape}
+
+
+BAD = {
+    "wrong_dtype": (
+        msgpack_numpy.packb({**libero(), "observation/image": np.zeros((224, 224, 3), np.int32)}),
+        "invalid_observation",
+    ),
+    "missing_camera": (
+        msgpack_numpy.packb({k: v for k, v in libero().items() if k != "observation/wrist_image"}),
+        "invalid_observation",
+    ),
+    "text_frame": ('{"observation/state": [1, 2]}', "text_frame_unsupported"),
+    "garbage": (b"\xc1\x00garbage\xff", "invalid_payload"),
+    "oversized": (msgpack_numpy.packb({**libero(), "pad": np.zeros(LIMIT, np.uint8)}), "message_too_large"),
+    "object_dtype": (
+        msgpack.packb({"observation/state": _marker("|O", [1], b"\0" * 8)}),
+        "unsupported_dtype",
+    ),
+    "bad_array": (msgpack.packb({"observation/state": _marker("<f4", [4], b"\0" * 3)}), "invalid_array"),
+    "unknown_endpoint": (msgpack_numpy.packb({"endpoint": "fly"}), "unknown_endpoint"),
+}
+
+
+async def test_bad_input_gets_typed_errors_while_other_robots_keep_being_served(server, local):
+    url, _, _ = server
+    stop = threading.Event()
+    served: list[np.ndarray] = []
+
+    def healthy_robot() -> None:
+        policy = WebsocketClientPolicy(url)
+        try:
+            while not stop.is_set():
+                served.append(policy.infer(droid(3))["actions"])
+        finally:
+            policy._ws.close()
+
+    def bad_robot() -> dict[str, dict]:
+        replies = {}
+        with raw(url) as conn:
+            conn.recv(timeout=10)
+            for name, (frame, _) in BAD.items():
+                conn.send(frame)
+                replies[name] = msgpack_numpy.unpackb(conn.recv(timeout=30))
+                conn.send(msgpack_numpy.packb(libero(1)))  # the session goes on after every error
+                replies[name + "/after"] = msgpack_numpy.unpackb(conn.recv(timeout=30))
+        return replies
+
+    healthy = in_client_thread(healthy_robot)
+    try:
+        replies = await in_client_thread(bad_robot)
+    finally:
+        stop.set()
+        await healthy
+    for name, (_, code) in BAD.items():
+        assert replies[name]["type"] == "error" and replies[name]["code"] == code, (name, replies[name])
+        assert "Traceback" not in replies[name]["message"]
+        np.testing.assert_allclose(replies[name + "/after"]["actions"], expected(local, libero(1)), atol=1e-4)
+    assert len(served) >= 2
+    for actions in served:
+        np.testing.assert_allclose(actions, expected(local, droid(3)), atol=1e-4)
+
+
+async def test_reset_endpoint_and_session_id_semantics(server, local):
+    url, _, _ = server
+    rtc = {"executed_steps": 10, "inference_delay": 4}
+
+    def go():
+        policy = WebsocketClientPolicy(url)
+        try:
+            a1 = policy.infer(libero(1, session_id="ep-a"))["actions"]
+            a2 = policy.infer(libero(2, session_id="ep-a", rtc=rtc))["actions"]  # follows a1
+            b1 = policy.infer(libero(2, session_id="ep-b", rtc=rtc))["actions"]  # new id: fresh state
+            reset = policy.infer({"endpoint": "reset"})
+            b2 = policy.infer(libero(2, session_id="ep-b", rtc=rtc))["actions"]  # reset: fresh again
+            return a1, a2, b1, reset, b2
+        finally:
+            policy._ws.close()
+
+    a1, a2, b1, reset, b2 = await in_client_thread(go)
+    assert reset == {"status": "reset successful"}
+    np.testing.assert_array_equal(a2[:4], a1[10:14])  # frozen steps come from the previous chunk
+    plain = expected(local, libero(2))
+    assert not np.allclose(a2, plain, atol=1e-3)
+    np.testing.assert_allclose(b1, plain, atol=1e-4)
+    np.testing.assert_allclose(b2, plain, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+async def strict_server():
+    """openpi error mode, API keys and a short idle timeout."""
+    config = config_from_mapping(
+        {
+            "server": {"api_keys": ["k1"]},
+            "robot": {"enabled": True, "error_mode": "openpi", "idle_timeout_s": 0.5},
+        }
+    )
+    async with serve_in_process(config) as (url, _):
+        yield url.replace("http://", "ws://")
+
+
+async def test_api_key_is_enforced_when_configured(strict_server):
+    with pytest.raises(InvalidStatus):
+        await in_client_thread(WebsocketClientPolicy, strict_server)
+    with pytest.raises(InvalidStatus):
+        await in_client_thread(WebsocketClientPolicy, strict_server, api_key="wrong")
+    policy = await in_client_thread(WebsocketClientPolicy, strict_server, api_key="k1")
+    assert (await in_client_thread(policy.infer, aloha()))["actions"].shape == (50, 32)
+    await in_client_thread(policy._ws.close)
+
+
+async def test_openpi_error_mode_sends_text_then_closes_1011(strict_server):
+    def go():
+        policy = WebsocketClientPolicy(strict_server, api_key="k1")
+        with pytest.raises(RuntimeError, match="invalid_observation") as info:
+            policy.infer({"state": np.zeros(3)})
+        assert "Traceback" not in str(info.value)
+        with pytest.raises(ConnectionClosed) as closed:
+            policy._ws.recv(timeout=10)
+        return closed.value.rcvd.code
+
+    assert await in_client_thread(go) == 1011
+
+
+async def test_idle_session_is_closed_with_a_reason(strict_server):
+    def go():
+        with raw(strict_server, additional_headers={"Authorization": "Api-Key k1"}) as conn:
+            conn.recv(timeout=10)
+            with pytest.raises(ConnectionClosed) as closed:
+                conn.recv(timeout=10)
+            return closed.value.rcvd
+
+    close = await in_client_thread(go)
+    assert close.code == 1008 and "idle timeout" in close.reason
