@@ -275,3 +275,23 @@ def test_event_round_trips_through_its_json_form():
     assert ev.to_dict() == raw
     raw["controls"][0]["data"]["keys"].append("a")
     assert ev.controls[0].data["keys"] == ("w",)
+
+
+def test_seen_event_ids_merge_into_ranges_and_forget_the_oldest_beyond_the_bound():
+    from sessions.events import SeenEventIds
+
+    seen = SeenEventIds(max_ranges=2)
+    for i in (1, 3, 2, 10):
+        seen.add(i)
+    assert seen.range_count() == 2 and all(i in seen for i in (1, 2, 3, 10)) and 4 not in seen
+    seen.add(20)
+    assert seen.range_count() == 2 and 2 not in seen and seen.forgotten_below == 3
+
+
+async def test_forgotten_event_ids_are_stale_not_duplicate():
+    session = make_session(limits=SessionLimits(max_event_id_ranges=1))
+    session.accept_event(event(1))
+    session.accept_event(event(5))  # a gap: the range holding 1 is forgotten
+    with pytest.raises(StaleEventError):
+        session.accept_event(event(1))
+    assert session.accept_event(event(5)) is DUPLICATE
