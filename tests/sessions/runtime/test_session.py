@@ -291,6 +291,8 @@ def test_seen_event_ids_merge_into_ranges_and_forget_the_oldest_beyond_the_bound
 async def test_forgotten_event_ids_are_stale_not_duplicate():
     session = make_session(limits=SessionLimits(max_event_id_ranges=1))
     session.accept_event(event(1))
+    await session.next_tick()
+    assert session.accept_event(event(1)) is DUPLICATE
     session.accept_event(event(5))  # a gap: the range holding 1 is forgotten
     with pytest.raises(StaleEventError):
         session.accept_event(event(1))
