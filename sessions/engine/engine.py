@@ -333,15 +333,11 @@ class StageEngine:
             return
         self._closed = True
         error = EngineClosedError(f"stage {self.name!r} is shutting down")
-        for entry in self._sessions.values():
-            for work in entry.pending:
-                work.fail(error)
-            entry.pending.clear()
-        self._pending_count = 0
-        self._m_queue.set(0)
+        self._fail_pending(error)
         self._wake.set()
         if self._task is not None:
             await self._task
+        self._fail_pending(error)  # continuations queued by the last forward
         for slot in list(self.slots):
             try:
                 await self.release(slot.session_id, "shutdown")
@@ -351,6 +347,14 @@ class StageEngine:
             await self.worker.close()
 
     # ----------------------------------------------------------------- internals
+
+    def _fail_pending(self, error: BaseException) -> None:
+        for entry in self._sessions.values():
+            for work in entry.pending:
+                work.fail(error)
+            entry.pending.clear()
+        self._pending_count = 0
+        self._m_queue.set(0)
 
     def _ensure_started(self) -> None:
         if self._task is None:

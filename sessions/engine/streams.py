@@ -5,12 +5,16 @@ while the consumer waits, if no chunk arrives within ``stall_timeout_s`` of star
 the stream fails with :class:`StallError` and its remaining work is cancelled. The deadline
 measures the producer only: time the consumer spends away from the stream (a slow reader under
 backpressure) never counts. Closing the stream early (``aclose``, or leaving an ``async for``
-through an exception) cancels the remaining work too.
+through an exception) cancels the remaining work too, and so does dropping the last reference
+to an unfinished stream (a finalizer schedules the cancel on the stream's event loop), so an
+abandoned stream cannot pin its session's work.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import weakref
 from collections.abc import Callable
 
 from sessions.engine.channels import Channel, Chunk
@@ -35,6 +39,7 @@ class ChunkStream:
         self._on_cancel = on_cancel
         self._on_stall = on_stall
         self._done = False
+        self._finalizer = weakref.finalize(self, _cancel_soon, asyncio.get_running_loop(), on_cancel)
 
     def __aiter__(self) -> ChunkStream:
         return self
@@ -56,11 +61,11 @@ class ChunkStream:
         except BaseException as exc:
             self._finish(exc)
             raise
+        if chunk is None or chunk.final:
+            self._done = True
+            self._finalizer.detach()
         if chunk is None:
-            self._done = True
             raise StopAsyncIteration
-        if chunk.final:
-            self._done = True
         return chunk
 
     async def collect(self) -> list[Chunk]:
@@ -78,4 +83,11 @@ class ChunkStream:
         if self._done:
             return
         self._done = True
+        self._finalizer.detach()
         self._on_cancel(error)
+
+
+def _cancel_soon(loop: asyncio.AbstractEventLoop, on_cancel: Callable[[BaseException | None], None]) -> None:
+    # Garbage collection may run on any thread, so the cancel is handed to the loop.
+    with contextlib.suppress(RuntimeError):  # the loop is already closed
+        loop.call_soon_threadsafe(on_cancel, None)

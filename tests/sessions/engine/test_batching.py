@@ -28,7 +28,7 @@ async def test_batches_form_across_sessions_and_respect_max_batch(make_engine, r
     assert metric(registry, "engine_batch_size_sum", stage="rec") == 6
 
 
-async def test_partial_batch_waits_for_the_window(make_engine):
+async def test_partial_batch_waits_for_the_window(make_engine, registry):
     stage = RecordingStage()
     async with make_engine(stage, max_batch=8, coalesce_window_s=0.25) as engine:
         await open_all(engine, "abcd")
@@ -36,7 +36,9 @@ async def test_partial_batch_waits_for_the_window(make_engine):
         a = engine.submit("a", 0, 1)
         await asyncio.sleep(0.05)
         b = engine.submit("b", 0, 2)
+        assert metric(registry, "engine_queue_depth", stage="rec") == 2  # both wait for the window
         assert await asyncio.gather(a, b) == [2, 4]
+        assert metric(registry, "engine_queue_depth", stage="rec") == 0
     assert stage.batches == [["a", "b"]]
     assert 0.2 < stage.starts[0] - t0 < 0.4
 

@@ -202,3 +202,33 @@ async def test_a_downstream_failure_reaches_the_consumer_and_stops_upstream(regi
         assert pipeline.bytes_in_use == 0
     finally:
         await pipeline.close()
+
+
+async def test_an_abandoned_stream_releases_its_work(make_engine):
+    import gc
+
+    stage = CountingStreamStage()
+    async with make_engine(stage, stream_buffer=2, coalesce_window_s=0.0) as engine:
+        await engine.open("a")
+        stream = engine.stream("a", 0, None)
+        await stream.__anext__()
+        del stream
+        gc.collect()
+        await asyncio.sleep(0.05)
+        steps = stage.steps["a"]
+        assert engine._pending_count == 0
+        assert await engine.submit("a", 0, 1) == ("a", 0, 0)  # the session is free again
+        assert stage.steps["a"] == steps + 1
+
+
+async def test_close_ends_a_running_stream_with_a_typed_error(registry):
+    from sessions.engine import EngineClosedError
+
+    engine = StageEngine(CountingStreamStage(step_s=0.05), registry=registry, coalesce_window_s=0.0)
+    await engine.open("a")
+    stream = engine.stream("a", 0, None)
+    await stream.__anext__()
+    await engine.close()
+    with pytest.raises(EngineClosedError):
+        async for _ in stream:
+            pass
