@@ -115,7 +115,7 @@ class RuntimeConfig:
 class RobotConfig:
     """Robot policy sessions over the OpenPI protocol."""
 
-    enabled: bool = False
+    enabled: bool = True
     policy: Literal["pi0-tiny"] = "pi0-tiny"
     idle_timeout_s: float = 30.0
     max_lifetime_s: float = 0.0
