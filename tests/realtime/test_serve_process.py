@@ -55,5 +55,36 @@ def test_json_log_format_tags_lines(tmp_path):
     assert proc.wait(timeout=30) == 0
     import json
 
-    lines = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines() if line.startswith("{")]
+    lines = [
+        json.loads(line)
+        for line in (tmp_path / "server.log").read_text().splitlines()
+        if line.startswith("{")
+    ]
     assert any(line["msg"] == "ready" and line["url"] == url for line in lines)
+
+
+def test_sigterm_closes_open_websocket_with_1001_and_exits_within_bound(tmp_path):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    shutdown_bound_s = 5
+    proc, url = start_server(
+        f"server: {{shutdown_timeout_s: {shutdown_bound_s}}}\nrobot: {{enabled: true}}\n", tmp_path
+    )
+    try:
+        with connect(url.replace("http://", "ws://") + "/", max_size=None, open_timeout=30) as ws:
+            ws.recv(timeout=30)  # the OpenPI handshake metadata frame: the session is live
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                while True:
+                    ws.recv(timeout=shutdown_bound_s + 5)
+            except ConnectionClosed as closed:
+                assert closed.rcvd is not None, "server must send a close frame"
+                assert closed.rcvd.code == 1001
+                assert closed.rcvd.reason == "server shutting down"
+        assert proc.wait(timeout=shutdown_bound_s + 10) == 0
+        assert time.monotonic() - started < shutdown_bound_s + 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
