@@ -116,7 +116,7 @@ class RobotConfig:
     """Robot policy sessions over the OpenPI protocol."""
 
     enabled: bool = True
-    policy: Literal["pi0-tiny"] = "pi0-tiny"
+    policy: Literal["pi0-tiny", "zeros"] = "pi0-tiny"
     idle_timeout_s: float = 30.0
     max_lifetime_s: float = 0.0
     observation_preset: Literal["auto", "libero", "droid", "aloha", "pi0"] = "auto"

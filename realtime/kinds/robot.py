@@ -30,8 +30,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from models.policy.interface import ObservationError, Policy
 from models.policy.pi0_tiny import Pi0TinyConfig, Pi0TinyPolicy
 from models.policy.stage import PolicyChunk, PolicyStage, PolicyTick
+from models.policy.trivial import ZerosPolicy
 from realtime import __version__
 from realtime.auth import api_key_ok
+from realtime.config import RobotConfig
 from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
 from realtime.protocols import openpi
 from sessions.capacity import MemoryDeclaration, available_memory_bytes, plan_capacity
@@ -60,7 +62,15 @@ _CLOSE_REASONS = {
 }
 
 
-def handshake_metadata(policy: Policy, config: Any) -> dict[str, Any]:
+def build_policy(config: RobotConfig) -> Policy:
+    """The policy ``robot.policy`` names, with its observation preset and seed."""
+    preset = None if config.observation_preset == "auto" else config.observation_preset
+    if config.policy == "zeros":
+        return ZerosPolicy(preset=preset, default_prompt=config.default_prompt)
+    return Pi0TinyPolicy(Pi0TinyConfig(seed=config.seed), preset=preset, default_prompt=config.default_prompt)
+
+
+def handshake_metadata(policy: Policy, config: RobotConfig) -> dict[str, Any]:
     """The first frame of every connection: the policy's spec plus server and protocol facts."""
     return {
         **policy.spec.metadata(),
@@ -93,7 +103,7 @@ class RobotService:
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
         self.config = ctx.config.robot
-        self.policy: Pi0TinyPolicy | None = None
+        self.policy: Policy | None = None
         self.metadata: dict[str, Any] = {}
         self.engine: StageEngine | None = None
         self.manager: SessionManager | None = None
@@ -120,10 +130,7 @@ class RobotService:
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         progress("build policy", 0, 2)
-        preset = None if cfg.observation_preset == "auto" else cfg.observation_preset
-        self.policy = Pi0TinyPolicy(
-            Pi0TinyConfig(seed=cfg.seed), preset=preset, default_prompt=cfg.default_prompt
-        )
+        self.policy = build_policy(cfg)
         progress("warm up", 1, 2)
         self.policy.warmup(cfg.max_batch)
         self.metadata = handshake_metadata(self.policy, cfg)

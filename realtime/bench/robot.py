@@ -1,0 +1,271 @@
+"""``realtime bench robot``: this server vs PyPI ``openpi-server`` 0.1.0, the same policy objects.
+
+Both servers run as their own processes on loopback, each serving a policy built by
+``realtime.kinds.robot.build_policy`` (openpi-server through :class:`OpenPIPolicy`, the
+``BasePolicy`` adapter doing ``prepare`` + a batch-of-one ``infer``), with the same torch thread
+count. Clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this process.
+
+(a) Round-trip overhead: one client, the trivial ``zeros`` policy, LIBERO (2x224x224x3 uint8 +
+    state + prompt) and ALOHA (4x3x224x224 uint8 + state) observations; blocks of requests
+    alternate between the servers. Goal: ours <= 1.1x openpi-server's p50 round trip.
+(b) Throughput: 8 concurrent clients with the embedded pi0-tiny policy for a fixed time. Goal:
+    aggregate chunks/s >= 3x openpi-server's with lower p99 latency.
+
+The last line is JSON: ``overhead_ratio_libero``, ``overhead_ratio_aloha`` (ours / peer p50
+round trip) and ``throughput_ratio_8`` (ours / peer chunks/s), plus the raw figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+
+
+class OpenPIPolicy:
+    """An ``openpi_client.base_policy.BasePolicy`` over one of our policies (for openpi-server)."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+
+    def infer(self, obs: Mapping[str, Any]) -> dict[str, Any]:
+        start = time.perf_counter()
+        (actions,) = self.policy.infer([self.policy.prepare(obs)], [None])
+        return {"actions": actions, "policy_timing": {"infer_ms": (time.perf_counter() - start) * 1000}}
+
+    def reset(self) -> None:
+        return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} during startup")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout_s:g} s")
+
+
+@contextlib.contextmanager
+def _process(args: list[str], ready_url: str) -> Iterator[None]:
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_http(ready_url, proc)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def ours(policy: str, threads: int) -> Iterator[str]:
+    port = _free_port()
+    config = {
+        "server": {"log_level": "warning"},
+        "robot": {"enabled": True, "policy": policy, "torch_threads": threads, "idle_timeout_s": 0},
+        "world": {"enabled": False},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "deploy.yaml"
+        path.write_text(yaml.safe_dump(config))
+        cmd = [sys.executable, "-m", "realtime.cli", "serve", "--config", str(path), "--port", str(port)]
+        with _process(cmd, f"http://127.0.0.1:{port}/readyz"):
+            yield f"ws://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def peer(policy: str, threads: int) -> Iterator[str]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "realtime.bench.robot", "--serve-peer", policy, "--port", str(port)]
+    cmd += ["--torch-threads", str(threads)]
+    with _process(cmd, f"http://127.0.0.1:{port}/healthz"):
+        yield f"ws://127.0.0.1:{port}"
+
+
+def serve_peer(policy: str, port: int, threads: int) -> int:
+    """Child process: openpi-server 0.1.0 serving our policy object."""
+    import torch
+    from openpi_server import WebsocketPolicyServer
+
+    from realtime.config import RobotConfig
+    from realtime.kinds.robot import build_policy, handshake_metadata
+
+    torch.set_num_threads(threads)
+    config = RobotConfig(policy=policy)
+    built = build_policy(config)
+    built.warmup(1)
+    server = WebsocketPolicyServer(
+        OpenPIPolicy(built), host="127.0.0.1", port=port, metadata=handshake_metadata(built, config)
+    )
+    server.serve_forever()
+    return 0
+
+
+def libero_obs(seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    return {
+        "observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+        "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+        "observation/state": rng.standard_normal(8).astype(np.float32),
+        "prompt": "put the bowl on the plate",
+    }
+
+
+def aloha_obs(seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    cams = ("cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist")
+    return {
+        "state": rng.standard_normal(14).astype(np.float32),
+        "images": {c: rng.integers(0, 256, (3, 224, 224), dtype=np.uint8) for c in cams},
+    }
+
+
+def _client(url: str):
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    return WebsocketClientPolicy(url)
+
+
+def _round_trips(client: Any, obs: dict, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        reply = client.infer(obs)
+        out.append(time.perf_counter() - start)
+        if "actions" not in reply:
+            raise RuntimeError(f"server answered {reply}")
+    return out
+
+
+def overhead(url_ours: str, url_peer: str, obs: dict, requests: int, blocks: int) -> dict[str, list[float]]:
+    clients = {"ours": _client(url_ours), "peer": _client(url_peer)}
+    samples: dict[str, list[float]] = {"ours": [], "peer": []}
+    for client in clients.values():
+        _round_trips(client, obs, 10)
+    for _ in range(blocks):
+        for name, client in clients.items():
+            samples[name] += _round_trips(client, obs, requests // blocks)
+    for client in clients.values():
+        client._ws.close()
+    return samples
+
+
+def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[float]]:
+    robots = [_client(url) for _ in range(clients)]
+    for i, robot in enumerate(robots):
+        _round_trips(robot, libero_obs(i), 2)
+    latencies: list[list[float]] = [[] for _ in robots]
+    barrier = threading.Barrier(clients + 1)
+    stop_at = [0.0]
+
+    def run(i: int) -> None:
+        obs = libero_obs(i)
+        barrier.wait()
+        while time.perf_counter() < stop_at[0]:
+            latencies[i] += _round_trips(robots[i], obs, 1)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    stop_at[0] = time.perf_counter() + seconds
+    start = time.perf_counter()
+    barrier.wait()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    for robot in robots:
+        robot._ws.close()
+    flat = [x for per in latencies for x in per]
+    return len(flat) / elapsed, flat
+
+
+def _ms(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values) * 1000.0, q))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="realtime bench robot", description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=200, help="round trips per payload and server in (a)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per server in (b)")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--serve-peer", choices=["zeros", "pi0-tiny"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_peer:
+        return serve_peer(args.serve_peer, args.port, args.torch_threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    threads = args.torch_threads
+    print(
+        f"robot bench: ours (realtime serve) vs openpi-server 0.1.0, same policy objects, loopback, "
+        f"torch threads={threads}, cpu count={os.cpu_count()}"
+    )
+    results: dict[str, Any] = {}
+    with ours("zeros", threads) as url_ours, peer("zeros", threads) as url_peer:
+        print("(a) single client, trivial policy: round trip ms")
+        print(f"{'payload':<8} {'server':<14} {'p50':>7} {'p90':>7} {'p99':>7} {'mean':>7}")
+        for name, obs in (("libero", libero_obs(0)), ("aloha", aloha_obs(0))):
+            samples = overhead(url_ours, url_peer, obs, args.requests, blocks=4)
+            for who, label in (("ours", "ours"), ("peer", "openpi-server")):
+                s = samples[who]
+                print(
+                    f"{name:<8} {label:<14} {_ms(s, 50):7.3f} {_ms(s, 90):7.3f} {_ms(s, 99):7.3f} "
+                    f"{statistics.fmean(s) * 1000:7.3f}"
+                )
+            results[f"overhead_ratio_{name}"] = round(_ms(samples["ours"], 50) / _ms(samples["peer"], 50), 3)
+            results[f"{name}_p50_ms"] = {
+                "ours": round(_ms(samples["ours"], 50), 3),
+                "peer": round(_ms(samples["peer"], 50), 3),
+            }
+    print(f"(b) {args.clients} concurrent clients, pi0-tiny, {args.seconds:g} s each")
+    print(f"{'server':<14} {'chunks/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    figures = {}
+    for who, serve in (("peer", peer), ("ours", ours)):
+        with serve("pi0-tiny", threads) as url:
+            rate, lat = throughput(url, args.clients, args.seconds)
+        figures[who] = (rate, _ms(lat, 50), _ms(lat, 99))
+        print(
+            f"{'ours' if who == 'ours' else 'openpi-server':<14} {rate:9.1f} {_ms(lat, 50):8.1f} {_ms(lat, 99):8.1f}"
+        )
+    results["throughput_ratio_8"] = round(figures["ours"][0] / figures["peer"][0], 3)
+    results["p99_ms_8"] = {"ours": round(figures["ours"][2], 1), "peer": round(figures["peer"][2], 1)}
+    results["chunks_per_s_8"] = {"ours": round(figures["ours"][0], 1), "peer": round(figures["peer"][0], 1)}
+    print(
+        f"ratios: overhead libero {results['overhead_ratio_libero']}x, aloha {results['overhead_ratio_aloha']}x "
+        f"(goal <= 1.1); throughput at {args.clients} clients {results['throughput_ratio_8']}x (goal >= 3) "
+        f"with p99 {results['p99_ms_8']['ours']} vs {results['p99_ms_8']['peer']} ms"
+    )
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
