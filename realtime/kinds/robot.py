@@ -35,15 +35,15 @@ from realtime import __version__
 from realtime.auth import api_key_ok
 from realtime.config import RobotConfig
 from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
+from realtime.kinds.runtime import build_session_manager
 from realtime.protocols import openpi
-from sessions.capacity import MemoryDeclaration, available_memory_bytes, plan_capacity
+from sessions.capacity import MemoryDeclaration
 from sessions.engine import StageEngine
 from sessions.engine.engine import DEFAULT_MAX_SESSIONS
 from sessions.errors import SessionError
 from sessions.log_context import session_context
-from sessions.manager import AdmissionPolicy, SessionManager
-from sessions.reaper import ExpiryPolicy
-from sessions.session import Session, SessionLimits
+from sessions.manager import SessionManager
+from sessions.session import Session
 from sessions.tick import TickOutput, TickSnapshot
 
 log = logging.getLogger("realtime.robot")
@@ -145,36 +145,22 @@ class RobotService:
             max_batch=cfg.max_batch,
             coalesce_window_s=cfg.coalesce_window_s,
         )
-        declaration = MemoryDeclaration(
-            resident_bytes_per_session=self.policy.new_state().nbytes, max_sessions=DEFAULT_MAX_SESSIONS
-        )
-        plan = plan_capacity(
-            declaration,
-            available_bytes=runtime.memory_available_bytes or available_memory_bytes("cpu"),
-            fraction=runtime.memory_budget_fraction,
-            max_sessions=runtime.max_sessions,
-        )
-        self.manager = SessionManager(
+        self.manager = build_session_manager(
             self.name,
+            runtime=runtime,
+            kind_config=cfg,
             executor=_EngineExecutor(self.engine),
-            capacity=plan,
+            declaration=MemoryDeclaration(
+                resident_bytes_per_session=self.policy.new_state().nbytes, max_sessions=DEFAULT_MAX_SESSIONS
+            ),
             lifecycle=self.engine,
-            admission=AdmissionPolicy(
-                over_capacity=runtime.over_capacity,
-                max_queued=runtime.max_queued_sessions,
-                evict_idle_lru=runtime.evict_idle_lru,
-            ),
-            expiry=ExpiryPolicy(
-                idle_timeout_s=cfg.idle_timeout_s,
-                max_lifetime_s=cfg.max_lifetime_s,
-                interval_s=min(1.0, cfg.idle_timeout_s / 4) if cfg.idle_timeout_s > 0 else 1.0,
-            ),
-            limits=SessionLimits(max_pending_events=runtime.max_pending_events),
-            state_factory=self.policy.new_state,
             registry=self.ctx.registry,
+            state_factory=self.policy.new_state,
         )
         await self.manager.start()
-        log.info("robot sessions ready", extra={"capacity": plan.capacity, "max_batch": cfg.max_batch})
+        log.info(
+            "robot sessions ready", extra={"capacity": self.manager.capacity, "max_batch": cfg.max_batch}
+        )
 
     async def stop(self) -> None:
         if self.manager is not None:
