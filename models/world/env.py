@@ -14,6 +14,7 @@ which slides the picture to the right on screen.
 from __future__ import annotations
 
 import math
+import random
 
 import torch
 from torch import Tensor
@@ -40,34 +41,36 @@ _PALETTES = {
 }  # fmt: skip
 
 
-def make_mazes(batch: int, grid: int, generator: torch.Generator) -> Tensor:
+def make_mazes(batch: int, grid: int, rng: random.Random) -> Tensor:
     """Random perfect mazes (iterative DFS on odd cells) with extra openings: ``[B, grid, grid]`` 1 = wall."""
-    maps = torch.ones(batch, grid, grid, dtype=torch.uint8)
     cells = (grid - 1) // 2
-    for b in range(batch):
-        seen = torch.zeros(cells, cells, dtype=torch.bool)
+    out = []
+    for _ in range(batch):
+        walls = [[1] * grid for _ in range(grid)]
+        seen = {(0, 0)}
         stack = [(0, 0)]
-        seen[0, 0] = True
-        maps[b, 1, 1] = 0
+        walls[1][1] = 0
         while stack:
             cy, cx = stack[-1]
             options = [
                 (cy + dy, cx + dx)
                 for dy, dx in ((0, 1), (1, 0), (0, -1), (-1, 0))
-                if 0 <= cy + dy < cells and 0 <= cx + dx < cells and not seen[cy + dy, cx + dx]
+                if 0 <= cy + dy < cells and 0 <= cx + dx < cells and (cy + dy, cx + dx) not in seen
             ]
             if not options:
                 stack.pop()
                 continue
-            ny, nx = options[int(torch.randint(len(options), (1,), generator=generator))]
-            seen[ny, nx] = True
-            maps[b, 2 * ny + 1, 2 * nx + 1] = 0
-            maps[b, cy + ny + 1, cx + nx + 1] = 0
+            ny, nx = rng.choice(options)
+            seen.add((ny, nx))
+            walls[2 * ny + 1][2 * nx + 1] = 0
+            walls[cy + ny + 1][cx + nx + 1] = 0
             stack.append((ny, nx))
-        inner = maps[b, 1:-1, 1:-1]
-        holes = torch.rand(inner.shape, generator=generator) < 0.3
-        inner[holes] = 0
-    return maps
+        for y in range(1, grid - 1):
+            for x in range(1, grid - 1):
+                if rng.random() < 0.3:
+                    walls[y][x] = 0
+        out.append(walls)
+    return torch.tensor(out, dtype=torch.uint8)
 
 
 class MazeEnv:
@@ -82,7 +85,8 @@ class MazeEnv:
     ) -> None:
         g = torch.Generator().manual_seed(seed)
         self.size, self.grid, self.device = size, grid, torch.device(device)
-        self.maps = make_mazes(batch, grid, g).to(self.device)
+        maps = make_mazes(batch, grid, random.Random(seed))
+        self.maps = maps.to(self.device)
         self.theme = torch.tensor(
             themes if themes is not None else torch.randint(len(THEMES), (batch,), generator=g).tolist(),
             device=self.device,
@@ -90,12 +94,11 @@ class MazeEnv:
         pal = torch.tensor([_PALETTES[t] for t in THEMES], dtype=torch.float32)
         self.palette = pal.to(self.device)[self.theme]  # [B, 8, 3]
         self.wall_hash = torch.randint(3, (batch, grid, grid), generator=g).to(self.device)
-        free = (self.maps == 0).nonzero()
         start = []
         for b in range(batch):
-            options = free[free[:, 0] == b]
-            start.append(options[int(torch.randint(len(options), (1,), generator=g))][1:])
-        start = torch.stack(start).float() + 0.5
+            free = (maps[b] == 0).nonzero()
+            start.append(free[int(torch.randint(len(free), (1,), generator=g))])
+        start = torch.stack(start).float().to(self.device) + 0.5
         self.pos = start[:, [1, 0]].clone()  # (x, y) in cells
         self.yaw = (torch.rand(batch, generator=g) * 2 * math.pi).to(self.device)
         self.pitch = torch.zeros(batch, device=self.device)
@@ -205,11 +208,6 @@ class MazeEnv:
         b = torch.arange(self.batch, device=self.device)[:, None].expand_as(map_x)
         inside = (map_x >= 0) & (map_x < self.grid) & (map_y >= 0) & (map_y < self.grid)
         return ~inside | (self.maps[b, map_y.clamp(0, self.grid - 1), map_x.clamp(0, self.grid - 1)] > 0)
-
-
-def pixel_actions(block_actions: Tensor, frames_per_block: int, temporal_factor: int = 4) -> Tensor:
-    """Per-latent-frame actions ``[B, n_latents, 6]`` from per-block actions ``[B, n_blocks, 6]``."""
-    return block_actions.repeat_interleave(frames_per_block, dim=1)
 
 
 def rollout(env: MazeEnv, latent_actions: Tensor, temporal_factor: int = 4) -> Tensor:

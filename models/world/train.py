@@ -1,0 +1,284 @@
+"""Train the embedded world model on the procedural maze (``models/world/env.py``).
+
+Two stages, each bounded by steps and minutes:
+
+1. **autoencoder**: a per-group conv encoder (4 pixel frames -> 1 latent; the first latent from
+   frame 0 alone) and the causal decoder of ``vae.py``, trained to reconstruct whole clips; then
+   the per-channel latent mean/std are stored in the decoder so the DiT sees unit-scale latents;
+2. **causal DiT** with teacher forcing in the two-copy layout: the sequence is
+   ``[clean latents ; noisy latents]``; clean tokens attend block-causally (sink + window) among
+   clean tokens with sigma = 0, exactly what the resident KV holds at inference; noisy tokens of
+   block ``b`` attend to their own noisy block and the visible clean past. The loss is the x0
+   error on the noisy copy, at noise levels drawn from the sampler's schedule and uniformly.
+
+Data: random mazes, themes (the prompt) and per-block actions, rendered into a pool of clips of
+``1 + 4(n - 1)`` frames up front. The result is one safetensors file (``dit.*``, ``decoder.*``,
+config in the metadata). Runs on CPU (tiny and slow: ``--clips 8 --ae-steps 2 --dit-steps 2``)
+or GPU. Exact command and time of the committed weights: ``weights/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.world.configs import TINY, WEIGHTS_DIR, WorldModelConfig, save_model_weights
+from models.world.dit import CausalDiT, block_causal_mask
+from models.world.env import THEMES, MazeEnv, horizontal_shift, rollout
+from models.world.model import WorldModel, WorldTick, tokenize
+from models.world.vae import CausalDecoder
+
+# per-block action menu: (probability, [forward, back, left, right, mouse_dx, mouse_dy])
+_MENU = [
+    (0.30, [1, 0, 0, 0, 0, 0]),
+    (0.14, [0, 0, 1, 0, 0, 0]),
+    (0.14, [0, 0, 0, 1, 0, 0]),
+    (0.08, [1, 0, 1, 0, 0, 0]),
+    (0.08, [1, 0, 0, 1, 0, 0]),
+    (0.06, [0, 1, 0, 0, 0, 0]),
+    (0.08, [0, 0, 0, 0, 0, 0]),
+    (0.08, "mouse_dx"),
+    (0.04, "mouse_dy"),
+]
+
+
+def sample_block_actions(batch: int, blocks: int, g: torch.Generator) -> Tensor:
+    probs = torch.tensor([p for p, _ in _MENU])
+    choice = torch.multinomial(probs, batch * blocks, replacement=True, generator=g).view(batch, blocks)
+    out = torch.zeros(batch, blocks, 6)
+    for i, (_, a) in enumerate(_MENU):
+        sel = choice == i
+        if a == "mouse_dx":
+            out[..., 4] = torch.where(sel, torch.rand(batch, blocks, generator=g) * 2 - 1, out[..., 4])
+        elif a == "mouse_dy":
+            out[..., 5] = torch.where(sel, torch.rand(batch, blocks, generator=g) * 2 - 1, out[..., 5])
+        else:
+            out[sel] = torch.tensor(a, dtype=torch.float32)
+    return out
+
+
+def make_dataset(cfg: WorldModelConfig, clips: int, latents: int, device: str, seed: int, chunk: int = 512):
+    """Clips ``uint8 [N, 1+4(n-1), 3, H, W]``, per-latent actions ``[N, n, 6]``, theme ids ``[N]``."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = math.ceil(latents / cfg.frames_per_block)
+    frames, acts, themes = [], [], []
+    for start in range(0, clips, chunk):
+        n = min(chunk, clips - start)
+        env = MazeEnv(n, size=cfg.frame_height, seed=seed * 7919 + start, device=device)
+        block_actions = sample_block_actions(n, blocks, g)
+        latent_actions = block_actions.repeat_interleave(cfg.frames_per_block, 1)[:, :latents]
+        clip = rollout(env, latent_actions.to(device), cfg.temporal_factor)
+        frames.append((clip * 255).round().to(torch.uint8))
+        acts.append(latent_actions.to(device))
+        themes.append(env.theme)
+    return torch.cat(frames), torch.cat(acts), torch.cat(themes)
+
+
+class GroupEncoder(nn.Module):
+    """Frames ``[B, 1+4(n-1), 3, H, W]`` -> latents ``[B, n, C, h, w]`` (training only)."""
+
+    def __init__(self, cfg: WorldModelConfig) -> None:
+        super().__init__()
+        self.tf = cfg.temporal_factor
+        ch = [3 * cfg.temporal_factor, *reversed(cfg.decoder_channels)]
+        layers: list[nn.Module] = []
+        for c_in, c_out in zip(ch[:-1], ch[1:], strict=True):
+            layers += [nn.Conv2d(c_in, c_out, 4, stride=2, padding=1), nn.SiLU()]
+        layers += [
+            nn.Conv2d(ch[-1], ch[-1], 3, padding=1),
+            nn.SiLU(),
+            nn.Conv2d(ch[-1], cfg.latent_channels, 1),
+        ]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, frames: Tensor) -> Tensor:
+        b, t, c, h, w = frames.shape
+        first = frames[:, :1].expand(b, self.tf, c, h, w)
+        groups = torch.cat([first, frames[:, 1:]], 1).view(b, -1, self.tf * c, h, w)
+        n = groups.shape[1]
+        return self.net(groups.flatten(0, 1)).view(b, n, -1, h // 8, w // 8)
+
+
+def train_mask(cfg: WorldModelConfig, n: int, device) -> Tensor:
+    """Token mask of the two-copy sequence ``[clean 0..n-1 ; noisy 0..n-1]``."""
+    f = torch.arange(n, device=device)
+    full = block_causal_mask(f, f, cfg.frames_per_block, cfg.sink_frames, cfg.window_frames)
+    same = (f[:, None] // cfg.frames_per_block) == (f[None, :] // cfg.frames_per_block)
+    top = torch.cat([full, torch.zeros_like(full)], 1)
+    bottom = torch.cat([full & ~same, same], 1)
+    frame_mask = torch.cat([top, bottom], 0)
+    t = cfg.tokens_per_frame
+    return frame_mask.repeat_interleave(t, 0).repeat_interleave(t, 1)
+
+
+def _batch(data, bs: int, device: str, g: torch.Generator):
+    frames, acts, themes = data
+    idx = torch.randint(frames.shape[0], (bs,), generator=g).to(frames.device)
+    return frames[idx].to(device).float() / 255.0, acts[idx].to(device), themes[idx].to(device)
+
+
+def train_autoencoder(cfg, data, args, g) -> tuple[GroupEncoder, CausalDecoder]:
+    enc, dec = GroupEncoder(cfg).to(args.device), CausalDecoder(cfg).to(args.device)
+    opt = torch.optim.AdamW([*enc.parameters(), *dec.parameters()], lr=args.ae_lr, weight_decay=0.0)
+    t0, step = time.time(), 0
+    while step < args.ae_steps and time.time() - t0 < args.ae_minutes * 60:
+        frames, _, _ = _batch(data, args.ae_batch, args.device, g)
+        with torch.autocast(args.device_type, dtype=torch.bfloat16, enabled=args.amp):
+            z = enc(frames)
+            z = z + 0.05 * torch.randn_like(z)  # robustness to DiT sampling error
+            recon, _ = dec(z, dec.init_state(frames.shape[0]))
+        loss = F.mse_loss(recon.float(), frames) + 0.5 * F.l1_loss(recon.float(), frames)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 200 == 0:
+            print(f"ae step {step} loss {loss.item():.5f} t={time.time() - t0:.0f}s", flush=True)
+        step += 1
+    print(f"ae done: {step} steps in {time.time() - t0:.0f}s, loss {loss.item():.5f}", flush=True)
+    with torch.no_grad():
+        frames, _, _ = _batch(data, min(256, data[0].shape[0]), args.device, g)
+        z = enc(frames)
+        dec.latent_mean.copy_(z.mean(dim=(0, 1, 3, 4)))
+        dec.latent_std.copy_(z.std(dim=(0, 1, 3, 4)) + 1e-4)
+    return enc, dec
+
+
+def encode_dataset(cfg, enc, dec, data, device) -> Tensor:
+    frames = data[0]
+    out = []
+    with torch.no_grad():
+        for i in range(0, frames.shape[0], 256):
+            z = enc(frames[i : i + 256].to(device).float() / 255.0)
+            out.append((z - dec.latent_mean[:, None, None]) / dec.latent_std[:, None, None])
+    return torch.cat(out)
+
+
+def train_dit(cfg, latents: Tensor, data, args, g) -> CausalDiT:
+    dit = CausalDiT(cfg).to(args.device)
+    opt = torch.optim.AdamW(dit.parameters(), lr=args.dit_lr, weight_decay=0.01)
+    n = latents.shape[1]
+    mask = train_mask(cfg, n, args.device)
+    pos = torch.arange(n, device=args.device).repeat(2)[None]
+    tokens = torch.stack([tokenize(t, cfg) for t in THEMES]).to(args.device)
+    schedule = torch.tensor(cfg.sigmas, device=args.device)
+    blocks = n // cfg.frames_per_block
+    t0, step = time.time(), 0
+    while step < args.dit_steps and time.time() - t0 < args.dit_minutes * 60:
+        progress = max(step / args.dit_steps, (time.time() - t0) / (args.dit_minutes * 60))
+        for group in opt.param_groups:  # warm-up, then linear decay to 10% over the budget
+            group["lr"] = args.dit_lr * min(1.0, (step + 1) / 200) * (1 - 0.9 * progress)
+        idx = torch.randint(latents.shape[0], (args.dit_batch,), generator=g).to(latents.device)
+        z, acts, themes = (
+            latents[idx].to(args.device),
+            data[1][idx].to(args.device),
+            data[2][idx].to(args.device),
+        )
+        b = z.shape[0]
+        pick = torch.randint(len(cfg.sigmas), (b, blocks), device=args.device)
+        sig_block = torch.where(
+            torch.rand(b, blocks, device=args.device) < 0.5,
+            schedule[pick],
+            torch.rand(b, blocks, device=args.device),
+        ).clamp(min=0.02)
+        sig = sig_block.repeat_interleave(cfg.frames_per_block, 1)
+        noisy = (1 - sig[..., None, None, None]) * z + sig[..., None, None, None] * torch.randn_like(z)
+        clean = z + 0.03 * torch.rand(b, 1, 1, 1, 1, device=args.device) * torch.randn_like(z)
+        x = torch.cat([clean, noisy], 1)
+        sigma = torch.cat([torch.zeros_like(sig), sig], 1)
+        with torch.autocast(args.device_type, dtype=torch.bfloat16, enabled=args.amp):
+            cross = dit.cross_kv(tokens[themes])
+            x0, _ = dit(x, pos.expand(b, -1), sigma, acts.repeat(1, 2, 1), cross, mask)
+        loss = F.mse_loss(x0[:, n:].float(), z)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
+        opt.step()
+        if step % 500 == 0:
+            print(f"dit step {step} loss {loss.item():.5f} t={time.time() - t0:.0f}s", flush=True)
+        step += 1
+    print(f"dit done: {step} steps in {time.time() - t0:.0f}s, loss {loss.item():.5f}", flush=True)
+    return dit
+
+
+CONTROL_PROBES = {
+    "forward": [1.0, 0, 0, 0, 0, 0],
+    "turn_left": [0, 0, 1.0, 0, 0, 0],
+    "turn_right": [0, 0, 0, 1.0, 0, 0],
+}
+
+
+@torch.no_grad()
+def control_response(
+    model: WorldModel, seeds=(0, 1, 2), warmup: int = 1, blocks: int = 3
+) -> dict[str, float]:
+    """Mean horizontal image shift (pixels per frame, + = content moves right) of generated frames
+    after each probe action, averaged over seeds; turning left must give > 0, right < 0."""
+    sids = [(name, seed) for name in CONTROL_PROBES for seed in seeds]
+    for name, seed in sids:
+        model.open(f"{name}-{seed}", seed)
+    frames: dict[tuple[str, int], list[Tensor]] = {s: [] for s in sids}
+    for b in range(warmup + blocks):
+        ticks = [
+            WorldTick(f"{n}-{s}", b, "stone", torch.tensor(CONTROL_PROBES[n] if b >= warmup else [0.0] * 6))
+            for n, s in sids
+        ]
+        for key, out in zip(sids, model.step(ticks), strict=True):
+            if b >= warmup:
+                frames[key].append(out)
+    for name, seed in sids:
+        model.release(f"{name}-{seed}")
+    result = {}
+    for name in CONTROL_PROBES:
+        shifts = [
+            horizontal_shift(torch.cat(frames[(name, s)]).permute(0, 3, 1, 2).float() / 255) for s in seeds
+        ]
+        result[name] = float(torch.stack(shifts).mean())
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=WEIGHTS_DIR / "world-tiny.safetensors")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--clips", type=int, default=4096)
+    p.add_argument("--latents", type=int, default=8, help="latent frames per training clip")
+    p.add_argument("--ae-steps", type=int, default=100_000)
+    p.add_argument("--ae-minutes", type=float, default=2.0)
+    p.add_argument("--ae-batch", type=int, default=32)
+    p.add_argument("--ae-lr", type=float, default=1e-3)
+    p.add_argument("--dit-steps", type=int, default=1_000_000)
+    p.add_argument("--dit-minutes", type=float, default=4.0)
+    p.add_argument("--dit-batch", type=int, default=64)
+    p.add_argument("--dit-lr", type=float, default=5e-4)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.device_type = torch.device(args.device).type
+    args.amp = args.device_type == "cuda"
+    cfg = TINY
+    torch.manual_seed(args.seed)
+    g = torch.Generator().manual_seed(args.seed)
+    t_start = time.time()
+    data = make_dataset(cfg, args.clips, args.latents, args.device, args.seed)
+    print(f"dataset: {tuple(data[0].shape)} in {time.time() - t_start:.0f}s", flush=True)
+    enc, dec = train_autoencoder(cfg, data, args, g)
+    latents = encode_dataset(cfg, enc, dec, data, args.device)
+    dit = train_dit(cfg, latents, data, args, g)
+    tensors = {f"dit.{k}": v.float().cpu() for k, v in dit.state_dict().items()}
+    tensors.update({f"decoder.{k}": v.float().cpu() for k, v in dec.state_dict().items()})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save_model_weights(args.out, cfg, tensors)
+    size = args.out.stat().st_size
+    print(f"wrote {args.out} ({size / 1e6:.2f} MB) total {time.time() - t_start:.0f}s", flush=True)
+    model = WorldModel.from_weights(args.out, slots=9, device=args.device)
+    print("control response (px/frame):", control_response(model), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,17 @@
+"""The committed default responds to controls: turning slides the view, forward does not."""
+
+from __future__ import annotations
+
+from models.world.configs import WEIGHTS_DIR
+from models.world.model import WorldModel
+from models.world.train import control_response
+
+
+def test_trained_default_turns_left_and_right_consistently():
+    model = WorldModel.from_weights(WEIGHTS_DIR / "world-tiny.safetensors", slots=9)
+    shift = control_response(model, seeds=(0, 1, 2), warmup=1, blocks=2)
+    # turning left slides the content right (+), turning right slides it left (-)
+    assert shift["turn_left"] > 1.5, shift
+    assert shift["turn_right"] < -1.5, shift
+    assert shift["turn_left"] - shift["forward"] > 1.5, shift
+    assert shift["forward"] - shift["turn_right"] > 1.5, shift
