@@ -2,10 +2,12 @@
 
 One tick of a robot session is ``observation -> action chunk``. The runtime calls, in order:
 
-1. ``policy.prepare(observation)`` once per observation, off the event loop: validate the robot's
-   native observation dict (wire keys, dtypes, shapes) and turn it into the model's fixed-shape
-   input. Bad input raises :class:`ObservationError`; nothing else is raised for client mistakes.
-   Decoded wire arrays are read-only views: ``prepare`` never writes into its input.
+1. ``policy.prepare(observation)`` once per observation, on the session's runner (the event
+   loop): validate the robot's native observation dict (wire keys, dtypes, shapes) and keep what
+   the model needs. It must stay cheap (checks, no image copies or conversions: those belong in
+   ``infer``, which runs batched on the worker thread). Bad input raises
+   :class:`ObservationError`; nothing else is raised for client mistakes. Decoded wire arrays are
+   read-only views: neither ``prepare`` nor ``infer`` writes into them.
 2. ``state.snapshot(prepared, now)`` on the session's runner: an immutable view of the
    per-session state this tick needs (for example the previous chunk for real-time chunking).
 3. ``policy.infer(batch, snapshots)`` on the stage's worker thread, batching observations of

@@ -222,36 +222,38 @@ class Pi0Tiny(nn.Module):
 
 @dataclass(frozen=True)
 class Pi0Input:
-    """One prepared observation: fixed-shape tensors plus the tick's RTC request."""
+    """One validated observation (cheap to build: images stay the wire's arrays) plus its RTC request."""
 
-    images: torch.Tensor  # [C, 3, R, R]
-    image_mask: torch.Tensor  # [C]
-    tokens: torch.Tensor  # [L]
-    token_mask: torch.Tensor  # [L]
-    state: torch.Tensor  # [S]
+    observation: presets.Canonical
     rtc: RTCOptions | None
 
 
-def tokenize(prompt: str, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = list(prompt.encode("utf-8"))[:length]
-    tokens = torch.full((length,), PAD_ID, dtype=torch.long)
-    tokens[: len(ids)] = torch.tensor(ids, dtype=torch.long)
-    mask = torch.zeros(length, dtype=torch.bool)
-    mask[: len(ids)] = True
-    return tokens, mask
+@dataclass(frozen=True)
+class Pi0Batch:
+    """Model inputs of a batch, built on the worker thread by :meth:`Pi0TinyPolicy.collate`."""
+
+    images: torch.Tensor  # [B, C, 3, R, R] in [-1, 1]
+    image_mask: torch.Tensor  # [B, C] bool
+    tokens: torch.Tensor  # [B, L] long
+    token_mask: torch.Tensor  # [B, L] bool
+    state: torch.Tensor  # [B, S]
+
+    def as_args(self) -> tuple[torch.Tensor, ...]:
+        return self.images, self.image_mask, self.tokens, self.token_mask, self.state
 
 
-def resize_with_pad(image: np.ndarray, size: int) -> torch.Tensor:
-    """uint8 HWC -> float [3, size, size] in [-1, 1], aspect kept, padded with -1 (openpi/vllm-omni)."""
-    x = torch.tensor(image, dtype=torch.float32).permute(2, 0, 1) / 127.5 - 1.0
+def resize_with_pad(image: np.ndarray, size: int) -> np.ndarray:
+    """uint8 HWC of any size -> uint8 [size, size, 3], aspect kept, padded black (openpi's
+    ``image_tools.resize_with_pad``; black is -1 after normalisation, like vllm-omni's padding)."""
     h, w = image.shape[:2]
-    if (h, w) == (size, size):
-        return x
     scale = size / max(h, w)
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    x = F.interpolate(x[None], size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)[0]
+    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float()
+    x = F.interpolate(x, size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)[0]
+    out = np.zeros((size, size, 3), np.uint8)
     top, left = (size - nh) // 2, (size - nw) // 2
-    return F.pad(x, (left, size - nw - left, top, size - nh - top), value=-1.0)
+    out[top : top + nh, left : left + nw] = x.round().clamp(0, 255).byte().permute(1, 2, 0).numpy()
+    return out
 
 
 class Pi0TinyPolicy:
@@ -292,36 +294,43 @@ class Pi0TinyPolicy:
         )
 
     def prepare(self, observation: Mapping[str, Any]) -> Pi0Input:
-        c = self.config
+        """Validate only (cheap, no image copies): tensors are built per batch in :meth:`collate`."""
         preset = self.preset or presets.detect(observation)
-        canon = presets.canonicalize(preset, observation, c.max_cameras, self.default_prompt)
-        blank = torch.full((3, c.image_size, c.image_size), -1.0)
-        images = torch.stack(
-            [blank if im is None else resize_with_pad(im, c.image_size) for im in canon.images]
-        )
-        state = torch.zeros(c.state_dim)
-        n = min(c.state_dim, canon.state.shape[0])
-        state[:n] = torch.tensor(canon.state[:n])
-        tokens, token_mask = tokenize(canon.prompt, c.prompt_len)
-        image_mask = torch.tensor([im is not None for im in canon.images])
-        return Pi0Input(
-            images, image_mask, tokens, token_mask, state, RTCOptions.parse(observation.get("rtc"))
-        )
+        canon = presets.canonicalize(preset, observation, self.config.max_cameras, self.default_prompt)
+        return Pi0Input(canon, RTCOptions.parse(observation.get("rtc")))
+
+    def collate(self, batch: Sequence[Pi0Input]) -> Pi0Batch:
+        """Stack a batch into model tensors: one uint8 -> [-1, 1] conversion for every image;
+        missing cameras are black (-1) and masked; state zero-padded or truncated to ``state_dim``."""
+        c = self.config
+        B, C, R = len(batch), c.max_cameras, c.image_size
+        pixels = np.zeros((B, C, R, R, 3), np.uint8)
+        image_mask = torch.zeros(B, C, dtype=torch.bool)
+        tokens = torch.full((B, c.prompt_len), PAD_ID, dtype=torch.long)
+        state = torch.zeros(B, c.state_dim)
+        for i, item in enumerate(batch):
+            obs = item.observation
+            for j, image in enumerate(obs.images):
+                if image is not None:
+                    pixels[i, j] = image if image.shape[:2] == (R, R) else resize_with_pad(image, R)
+                    image_mask[i, j] = True
+            ids = list(obs.prompt.encode("utf-8"))[: c.prompt_len]
+            tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            n = min(c.state_dim, obs.state.shape[0])
+            state[i, :n] = torch.from_numpy(obs.state[:n].copy())
+        images = torch.from_numpy(pixels).permute(0, 1, 4, 2, 3).float() / 127.5 - 1.0
+        return Pi0Batch(images, image_mask, tokens, tokens != PAD_ID, state)
 
     def warmup(self, max_batch: int) -> None:
         """Run blank forwards at batch 1 and ``max_batch`` so first ticks pay no allocation cost."""
         c = self.config
-        tokens, token_mask = tokenize("", c.prompt_len)
-        blank = Pi0Input(
-            torch.full((c.max_cameras, 3, c.image_size, c.image_size), -1.0),
-            torch.tensor([True] + [False] * (c.max_cameras - 1)),
-            tokens,
-            token_mask,
-            torch.zeros(c.state_dim),
-            None,
+        blank = presets.Canonical(
+            (np.zeros((c.image_size, c.image_size, 3), np.uint8),) + (None,) * (c.max_cameras - 1),
+            np.zeros(c.state_dim, np.float32),
+            "",
         )
         for n in sorted({1, max_batch}):
-            self.infer([blank] * n, [None] * n)
+            self.infer([Pi0Input(blank, None)] * n, [None] * n)
 
     def new_state(self) -> Pi0SessionState:
         return Pi0SessionState(self.spec.action_horizon, self.spec.action_dim)
@@ -331,15 +340,7 @@ class Pi0TinyPolicy:
             return []
         model = self.model
         with torch.no_grad():
-            cache = model.prefix_cache(
-                *model.embed_prefix(
-                    torch.stack([b.images for b in batch]),
-                    torch.stack([b.image_mask for b in batch]),
-                    torch.stack([b.tokens for b in batch]),
-                    torch.stack([b.token_mask for b in batch]),
-                    torch.stack([b.state for b in batch]),
-                )
-            )
+            cache = model.prefix_cache(*model.embed_prefix(*self.collate(batch).as_args()))
         chunks = model.sample(cache, self._guide(snapshots))[:, :, : self.spec.action_dim].numpy()
         out = []
         for chunk, snap in zip(chunks, snapshots, strict=True):
@@ -371,4 +372,4 @@ class Pi0SessionState(RTCState):
         return self.guide(prepared.rtc, now)
 
 
-__all__ = ["ObservationError", "Pi0Input", "Pi0Tiny", "Pi0TinyConfig", "Pi0TinyPolicy"]
+__all__ = ["ObservationError", "Pi0Batch", "Pi0Input", "Pi0Tiny", "Pi0TinyConfig", "Pi0TinyPolicy"]

@@ -7,7 +7,7 @@ policy's ``StageEngine``, on the engine's worker thread.
 
 Per connection: one reader task (frames -> codec commands, bounded by
 ``robot.max_pending_requests``), one runner (the session's single writer: prepare the
-observation off the loop, snapshot per-session state, run the tick, commit the chunk) and one
+observation, snapshot per-session state, run the tick, commit the chunk) and one
 writer task (codec replies -> frames). Replies go out strictly in request order.
 
 Client ``session_id`` (an optional observation key) follows vllm-omni: the first call of a
@@ -284,7 +284,7 @@ class _Connection:
                     await manager.reset(session.session_id)
                 self.episode = cmd.session_id
             try:
-                prepared = await asyncio.to_thread(policy.prepare, cmd.observation)
+                prepared = policy.prepare(cmd.observation)  # validation only: cheap by contract
             except ObservationError as exc:
                 return openpi.Error(cmd.seq, openpi.ErrorCode.INVALID_OBSERVATION, str(exc))
             except Exception:

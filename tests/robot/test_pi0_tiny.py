@@ -89,10 +89,7 @@ def test_seeded_deterministic_and_batch_invariant(policy):
 def test_reusing_prefix_kv_equals_recomputing_it_every_step(policy):
     model = policy.model
     items = [policy.prepare(o) for o in (libero(1), aloha(2))]
-    inputs = [
-        torch.stack([getattr(i, f) for i in items])
-        for f in ("images", "image_mask", "tokens", "token_mask", "state")
-    ]
+    inputs = policy.collate(items).as_args()
     with torch.no_grad():
         reused = model.sample(model.prefix_cache(*model.embed_prefix(*inputs)))
         x = model.noise.expand(2, -1, -1).clone()
@@ -241,10 +238,11 @@ def test_bad_observations_raise_observation_error(policy, obs, match):
 
 
 def test_missing_optional_cameras_are_masked_and_images_resized(policy):
-    item = policy.prepare(pi0_obs())
-    assert item.image_mask.tolist() == [True, True, False]
-    assert item.images.shape == (3, 3, 224, 224)
-    assert (item.images[2] == -1).all()
-    assert (item.images[1][:, :27] == -1).all()  # 240x320 -> 168x224, padded top and bottom with -1
-    long_state = policy.prepare({**pi0_obs(), "state": np.ones(40, np.float32)})
-    assert long_state.state.shape == (32,)
+    batch = policy.collate([policy.prepare(pi0_obs())])
+    assert batch.image_mask.tolist() == [[True, True, False]]
+    assert batch.images.shape == (1, 3, 3, 224, 224)
+    assert (batch.images[0, 2] == -1).all()
+    assert (batch.images[0, 1, :, :27] == -1).all()  # 240x320 -> 168x224, padded top and bottom
+    assert batch.token_mask.sum() == len("pick up the red block")
+    long_state = policy.collate([policy.prepare({**pi0_obs(), "state": np.ones(40, np.float32)})])
+    assert long_state.state.shape == (1, 32) and long_state.state.sum() == 32
