@@ -147,10 +147,40 @@ class WorldConfig:
     model: str = "world-tiny"
     idle_timeout_s: float = 120.0
     max_lifetime_s: float = 0.0
+    weights: str | None = None
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    torch_threads: int = 0
+    max_batch: int = 8
+    coalesce_window_s: float = 0.005
+    fps: int = 16
+    min_fps: int = 1
+    max_fps: int = 60
+    default_pacing: Literal["realtime", "fast"] = "realtime"
+    max_ahead_blocks: int = 2
+    jpeg_quality: int = 85
+    max_message_bytes: int = 65536
+    max_prompt_chars: int = 2000
 
     def validate(self, path: str) -> None:
         _finite_non_negative(f"{path}.idle_timeout_s", self.idle_timeout_s)
         _finite_non_negative(f"{path}.max_lifetime_s", self.max_lifetime_s)
+        _finite_non_negative(f"{path}.torch_threads", self.torch_threads)
+        _finite_non_negative(f"{path}.coalesce_window_s", self.coalesce_window_s)
+        for name in (
+            "max_batch",
+            "fps",
+            "min_fps",
+            "max_fps",
+            "max_ahead_blocks",
+            "max_message_bytes",
+            "max_prompt_chars",
+        ):
+            _positive(f"{path}.{name}", getattr(self, name))
+        if not self.min_fps <= self.fps <= self.max_fps:
+            raise _FieldError(f"{path}.fps", f"must be in min_fps..max_fps ({self.min_fps}..{self.max_fps})")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise _FieldError(f"{path}.jpeg_quality", "must be in 1..100")
 
 
 @dataclass(frozen=True)
