@@ -4,7 +4,8 @@ Shapes follow openpi's ``Pi0Config`` defaults (3 cameras, 48 prompt tokens, stat
 32, action horizon 50, 10 Euler steps); widths and depths are tiny so a CPU runs it in real time.
 
 Prefix (run once per tick, cached as per-layer K/V):
-    3 cameras -> 4x average pool, conv patch encoder (8x8 patches: 49 per camera)
+    3 cameras -> uint8 HWC, 4x average pool, scale to [-1, 1], conv patch encoder (8x8 patches:
+                 49 per camera)
                  + patch and camera embeddings
     prompt    -> byte-level tokens (no tokenizer download) -> token embeddings
     state     -> one linear state token
@@ -148,14 +149,16 @@ class Pi0Tiny(nn.Module):
 
     def embed_prefix(
         self,
-        images: torch.Tensor,  # [B, C, 3, R, R] in [-1, 1]
+        images: torch.Tensor,  # [B, C, R, R, 3] uint8
         image_mask: torch.Tensor,  # [B, C] bool
         tokens: torch.Tensor,  # [B, L] long
         token_mask: torch.Tensor,  # [B, L] bool
         state: torch.Tensor,  # [B, S]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         B, C = image_mask.shape
-        pooled = F.avg_pool2d(images.flatten(0, 1), self.config.pool)
+        # pool the raw pixels (channels-last view, no layout copy), then scale to [-1, 1]
+        pooled = F.avg_pool2d(images.flatten(0, 1).float().permute(0, 3, 1, 2), self.config.pool)
+        pooled = pooled / 127.5 - 1.0
         patches = self.patch(pooled).flatten(2).transpose(1, 2)  # [B*C, N, W]
         patches = patches.view(B, C, -1, self.config.width) + self.patch_pos + self.camera_emb[:C, None, :]
         emb = torch.cat(
@@ -232,7 +235,7 @@ class Pi0Input:
 class Pi0Batch:
     """Model inputs of a batch, built on the worker thread by :meth:`Pi0TinyPolicy.collate`."""
 
-    images: torch.Tensor  # [B, C, 3, R, R] in [-1, 1]
+    images: torch.Tensor  # [B, C, R, R, 3] uint8 (missing cameras black)
     image_mask: torch.Tensor  # [B, C] bool
     tokens: torch.Tensor  # [B, L] long
     token_mask: torch.Tensor  # [B, L] bool
@@ -300,8 +303,8 @@ class Pi0TinyPolicy:
         return Pi0Input(canon, RTCOptions.parse(observation.get("rtc")))
 
     def collate(self, batch: Sequence[Pi0Input]) -> Pi0Batch:
-        """Stack a batch into model tensors: one uint8 -> [-1, 1] conversion for every image;
-        missing cameras are black (-1) and masked; state zero-padded or truncated to ``state_dim``."""
+        """Stack a batch into model tensors: images stay uint8 (the model pools, then scales them);
+        missing cameras are black (-1 once scaled) and masked; state zero-padded or truncated."""
         c = self.config
         B, C, R = len(batch), c.max_cameras, c.image_size
         pixels = np.zeros((B, C, R, R, 3), np.uint8)
@@ -318,8 +321,7 @@ class Pi0TinyPolicy:
             tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             n = min(c.state_dim, obs.state.shape[0])
             state[i, :n] = torch.from_numpy(obs.state[:n].copy())
-        images = torch.from_numpy(pixels).permute(0, 1, 4, 2, 3).float() / 127.5 - 1.0
-        return Pi0Batch(images, image_mask, tokens, tokens != PAD_ID, state)
+        return Pi0Batch(torch.from_numpy(pixels), image_mask, tokens, tokens != PAD_ID, state)
 
     def warmup(self, max_batch: int) -> None:
         """Run blank forwards at batch 1 and ``max_batch`` so first ticks pay no allocation cost."""

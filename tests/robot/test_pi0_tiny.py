@@ -240,9 +240,10 @@ def test_bad_observations_raise_observation_error(policy, obs, match):
 def test_missing_optional_cameras_are_masked_and_images_resized(policy):
     batch = policy.collate([policy.prepare(pi0_obs())])
     assert batch.image_mask.tolist() == [[True, True, False]]
-    assert batch.images.shape == (1, 3, 3, 224, 224)
-    assert (batch.images[0, 2] == -1).all()
-    assert (batch.images[0, 1, :, :27] == -1).all()  # 240x320 -> 168x224, padded top and bottom
+    assert batch.images.shape == (1, 3, 224, 224, 3) and batch.images.dtype == torch.uint8
+    assert (batch.images[0, 2] == 0).all()
+    assert (batch.images[0, 1, :28] == 0).all() and batch.images[0, 1, 28:196].float().std() > 10
+    # 240x320 -> 168x224, padded black top and bottom
     assert batch.token_mask.sum() == len("pick up the red block")
     long_state = policy.collate([policy.prepare({**pi0_obs(), "state": np.ones(40, np.float32)})])
     assert long_state.state.shape == (1, 32) and long_state.state.sum() == 32
