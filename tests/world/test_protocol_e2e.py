@@ -1,0 +1,150 @@
+"""The world protocol end to end: a real uvicorn server over loopback, a real websockets client,
+the real trained model, real PyAV decode of what arrives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import websockets
+
+from realtime.config import config_from_mapping
+from realtime.media.video import decode_fmp4, decode_jpeg_batch
+from tests.serving import serve_in_process
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
+
+
+def _config(**world):
+    return config_from_mapping(
+        {
+            "robot": {"enabled": False},
+            "runtime": {"max_pending_events": 2, "memory_available_bytes": 2**30},
+            "world": {"enabled": True, "torch_threads": 1, **world},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+async def server():
+    async with serve_in_process(_config()) as (url, _server):
+        yield url.replace("http://", "ws://") + "/v1/realtime/world"
+
+
+async def _recv_json(ws, kind: str, timeout: float = 30.0) -> dict:
+    """The next text message of ``kind`` (skipping chunks and acks of other kinds)."""
+
+    async def loop():
+        while True:
+            msg = await ws.recv()
+            if isinstance(msg, str) and json.loads(msg)["type"] == kind:
+                return json.loads(msg)
+
+    return await asyncio.wait_for(loop(), timeout)
+
+
+async def _next_chunk(ws, timeout: float = 30.0) -> tuple[dict, bytes]:
+    meta = await _recv_json(ws, "chunk.metadata", timeout)
+    data = await asyncio.wait_for(ws.recv(), timeout)
+    assert isinstance(data, bytes) and len(data) == meta["byte_length"]
+    return meta, data
+
+
+async def test_wrong_protocol_version_gets_typed_error_and_close(server):
+    async with websockets.connect(server + "?protocol_version=7") as ws:
+        err = json.loads(await ws.recv())
+        assert err["type"] == "error" and err["error"]["code"] == "unsupported_protocol_version"
+        with pytest.raises(websockets.ConnectionClosed) as info:
+            await ws.recv()
+        assert info.value.rcvd.code == 1008
+
+
+async def test_fmp4_chunks_parse_with_pyav_and_echo_applied_events(server):
+    async with websockets.connect(server + "?protocol_version=1") as ws:
+        await ws.send(
+            json.dumps(
+                {"type": "session.start", "prompt": "stone", "seed": 3, "format": "fmp4", "pacing": "fast"}
+            )
+        )
+        created = await _recv_json(ws, "session.created")
+        caps = created["capabilities"]
+        assert caps["frames_per_chunk"] == {"first": 5, "later": 8} and caps["format"] == "fmp4"
+        meta, data = await _next_chunk(ws)
+        assert meta["chunk_index"] == 0 and meta["frame_count"] == 5
+        frames = decode_fmp4(data)
+        assert len(frames) == 5 and frames[0].shape == (caps["height"], caps["width"], 3)
+        keys = {"track": "keys", "schema": "world.keys.v1", "data": {"pressed": ["a"]}}
+        await ws.send(
+            json.dumps({"type": "session.event", "event_id": 1, "controls": [keys], "client_ts_ms": 123.5})
+        )
+        ack = await _recv_json(ws, "session.event.ack")
+        assert ack == {"type": "session.event.ack", "event_id": 1, "status": "accepted"}
+        for _ in range(20):
+            meta, data = await _next_chunk(ws)
+            assert len(decode_fmp4(data)) == meta["frame_count"] == 8
+            if meta["applied_event_ids"]:
+                break
+        assert meta["applied_event_ids"] == [1] and meta["client_ts_ms"] == 123.5
+        assert set(meta["timing"]) >= {"generate_ms", "encode_ms", "queue_ms", "batch_size"}
+        await ws.send(json.dumps({"type": "session.event", "event_id": 1, "controls": [keys]}))
+        assert (await _recv_json(ws, "session.event.ack"))["status"] == "duplicate"
+        await ws.send(json.dumps({"type": "session.event", "event_id": 0, "prompt": "ice"}))
+        err = await _recv_json(ws, "error")
+        assert err["error"]["code"] == "stale_event" and err["error"]["event_id"] == 0
+        await ws.send(json.dumps({"type": "session.reset"}))
+        await _recv_json(ws, "session.reset_done")
+        meta, data = await _next_chunk(ws)
+        assert meta["chunk_index"] == 0 and meta["frame_count"] == 5
+        await ws.send(json.dumps({"type": "session.close"}))
+        closed = await _recv_json(ws, "session.closed")
+        assert closed["reason"] == "client_close"
+
+
+async def test_jpeg_frames_decode_and_bad_input_gets_typed_errors(server):
+    async with websockets.connect(server + "?protocol_version=1") as ws:
+        await ws.send(json.dumps({"type": "session.event", "event_id": 1}))
+        assert (await _recv_json(ws, "error"))["error"]["code"] == "not_started"
+        await ws.send(json.dumps({"type": "session.start", "seed": 1, "fps": 1, "pacing": "realtime"}))
+        caps = (await _recv_json(ws, "session.created"))["capabilities"]
+        meta, data = await _next_chunk(ws)
+        frames = decode_jpeg_batch(data)
+        assert len(frames) == meta["frame_count"] == 5 and frames[0].shape == (
+            caps["height"],
+            caps["width"],
+            3,
+        )
+        cases = [
+            ("{not json", "invalid_json"),
+            (json.dumps({"type": "session.teleport"}), "unknown_type"),
+            (json.dumps({"type": "session.event", "event_id": "x"}), "invalid_message"),
+            (
+                json.dumps({"type": "session.event", "event_id": 5, "prompt": "x" * 70000}),
+                "message_too_large",
+            ),
+            (json.dumps({"type": "session.start"}), "already_started"),
+            (
+                json.dumps(
+                    {
+                        "type": "session.event",
+                        "event_id": 6,
+                        "controls": [{"track": "jetpack", "schema": "x", "data": {}}],
+                    }
+                ),
+                "invalid_message",
+            ),
+        ]
+        for text, code in cases:
+            await ws.send(text)
+            assert (await _recv_json(ws, "error"))["error"]["code"] == code, text
+        await ws.send(b"\x00binary")
+        assert (await _recv_json(ws, "error"))["error"]["code"] == "unexpected_binary"
+        # at 1 fps the runner waits on the media clock: a burst overflows the 2-event queue
+        for event_id in range(10, 15):
+            await ws.send(json.dumps({"type": "session.event", "event_id": event_id, "prompt": "forest"}))
+        replies = [json.loads(await ws.recv()) for _ in range(5)]
+        replies = [r for r in replies if r["type"] in ("session.event.ack", "error")]
+        assert [r.get("status") for r in replies[:2]] == ["accepted", "accepted"]
+        assert any(r["type"] == "error" and r["error"]["code"] == "event_queue_full" for r in replies)
+        await ws.send(json.dumps({"type": "session.ping", "data": 7}))
+        assert (await _recv_json(ws, "session.pong"))["data"] == 7
