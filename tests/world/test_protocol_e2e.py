@@ -148,3 +148,18 @@ async def test_jpeg_frames_decode_and_bad_input_gets_typed_errors(server):
         assert any(r["type"] == "error" and r["error"]["code"] == "event_queue_full" for r in replies)
         await ws.send(json.dumps({"type": "session.ping", "data": 7}))
         assert (await _recv_json(ws, "session.pong"))["data"] == 7
+
+
+async def test_python_client_iterates_decoded_frames_and_sends_controls(server):
+    from clients.world_client import WorldClient
+
+    async with WorldClient.connect(server.removesuffix("/v1/realtime/world"), seed=2, pacing="fast") as world:
+        sent = await world.send_keys(["arrowleft"])
+        chunks = []
+        async for chunk in world.frames():
+            chunks.append(chunk)
+            if chunk.metadata["applied_event_ids"] == [sent] or len(chunks) > 20:
+                break
+        assert chunks[0].metadata["frame_count"] == len(chunks[0].frames) == 5
+        assert chunks[-1].metadata["applied_event_ids"] == [sent]
+        assert chunks[-1].frames[0].shape == (64, 64, 3)
