@@ -1,0 +1,166 @@
+"""``realtime bench world``: resident rolling KV vs recompute, batched vs time-sliced sessions.
+
+Runs the world model on this machine's device (CPU by default; ``--device cuda --model
+wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue):
+
+1. tick latency (denoise passes + clean pass, one session) at blocks 5 and 100 with the resident
+   KV pool, against a recompute-the-window baseline that rebuilds the sink + window context from
+   clean latents every step (Krea-style ``do_kv_recomp``; cost of one block at block 100);
+2. aggregate fps (decoded frames per second) for 1, 2, 4, 8 sessions: one batched stage forward
+   per tick of all sessions vs time-sliced (``max_batch=1``: one forward per session);
+3. continuous-play ratio when paced at ``--fps``: the share of blocks (one session) ready before
+   the media clock needs them.
+
+Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from models.stage import StageItem
+from models.world.configs import CONFIGS, WEIGHTS_DIR
+from models.world.model import WorldModel, WorldTick, tokenize
+from models.world.sampler import BlockRequest, recompute_generate
+from models.world.stage import WorldStage, WorldStageInput
+
+
+def _act(i: int) -> torch.Tensor:
+    a = torch.zeros(6)
+    a[i % 4] = 1.0
+    return a
+
+
+def _build(args, slots: int) -> WorldModel:
+    weights = WEIGHTS_DIR / "world-tiny.safetensors" if args.model == "world-tiny" else None
+    return WorldModel.build(CONFIGS[args.model], slots=slots, weights=weights, device=args.device)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def tick_latency(args) -> dict[str, float]:
+    model = _build(args, 1)
+    model.open("s", seed=0)
+    times: dict[int, list[float]] = {}
+    history = []
+    for b in range(args.blocks + args.reps):
+        _sync(args.device)
+        t0 = time.perf_counter()
+        x0 = model.generate([WorldTick("s", b, "stone", _act(b))])
+        _sync(args.device)
+        times.setdefault(b, []).append(time.perf_counter() - t0)
+        history.append(x0)
+
+    def at(block: int) -> float:
+        return (
+            statistics.median(t for b, ts in times.items() if block <= b < block + args.reps for t in ts)
+            * 1000
+        )
+
+    cfg = model.cfg
+    keep = cfg.sink_frames + cfg.window_frames
+    hist = torch.cat(history[: args.blocks], 1)
+    frames = list(range(cfg.sink_frames)) + list(range(hist.shape[1] - cfg.window_frames, hist.shape[1]))
+    ctx, pos = hist[:, frames], torch.tensor(frames)
+    acts = torch.zeros(1, keep, cfg.action_dim, device=hist.device, dtype=hist.dtype)
+    cross = model.dit.cross_kv(tokenize("stone", cfg)[None].to(hist.device))
+    req = [BlockRequest("s", args.blocks, 0, _act(0).expand(cfg.frames_per_block, -1))]
+    rec = []
+    for _ in range(args.reps):
+        _sync(args.device)
+        t0 = time.perf_counter()
+        recompute_generate(model.dit, ctx, pos, acts, req, cross)
+        # the baseline also needs the clean pass over the new block to stay comparable
+        _sync(args.device)
+        rec.append(time.perf_counter() - t0)
+    return {
+        "resident_ms_5": at(5),
+        "resident_ms_100": at(args.blocks - args.reps),
+        "recompute_ms_100": statistics.median(rec) * 1000,
+    }
+
+
+def aggregate_fps(args, sessions: int, batched: bool) -> float:
+    model = _build(args, sessions)
+    stage = WorldStage(model, device=args.device)
+    ids = [f"s{i}" for i in range(sessions)]
+    for sid in ids:
+        model.open(sid, seed=0)
+    frames = 0
+    t0 = None
+    for b in range(args.warmup + args.ticks):
+        if b == args.warmup:
+            _sync(args.device)
+            t0 = time.perf_counter()
+            frames = 0
+        items = [
+            StageItem(sid, 0, WorldStageInput(WorldTick(sid, b, "stone", _act(b + i)), i))
+            for i, sid in enumerate(ids)
+        ]
+        groups = [items] if batched else [[it] for it in items]
+        for group in groups:
+            frames += sum(out.frames.shape[0] for out in stage.forward(group))
+    _sync(args.device)
+    return frames / (time.perf_counter() - t0)
+
+
+def continuous_play(args) -> float:
+    model = _build(args, 1)
+    model.open("s", seed=0)
+    fps, ready, clock = args.fps, 0, None
+    media = 0.0
+    for b in range(args.ticks + 1):
+        model.step([WorldTick("s", b, "stone", _act(b))])
+        now = time.perf_counter()
+        if clock is None:
+            clock = now  # playback starts with the first chunk
+        elif now - clock <= media:
+            ready += 1
+        media += model.cfg.frames_for_block(b == 0) / fps
+    return ready / args.ticks
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="realtime bench world", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="world-tiny", choices=sorted(CONFIGS))
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--blocks", type=int, default=100)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--ticks", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--fps", type=int, default=16)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with torch.no_grad():
+        lat = tick_latency(args)
+        print(
+            f"tick latency, resident KV: block 5 {lat['resident_ms_5']:.2f} ms, block 100 {lat['resident_ms_100']:.2f} ms"
+        )
+        print(f"recompute-the-window baseline at block 100: {lat['recompute_ms_100']:.2f} ms "
+              f"(x{lat['recompute_ms_100'] / lat['resident_ms_100']:.2f} of resident)")  # fmt: skip
+        print(f"{'sessions':>8} {'batched fps':>12} {'sliced fps':>11} {'ratio':>6}")
+        ratios = {}
+        for n in (1, 2, 4, 8):
+            bf, sf = aggregate_fps(args, n, True), aggregate_fps(args, n, False)
+            ratios[n] = bf / sf
+            print(f"{n:>8} {bf:>12.1f} {sf:>11.1f} {ratios[n]:>6.2f}")
+        play = continuous_play(args)
+        print(f"continuous-play ratio paced at {args.fps} fps (1 session): {play:.2f}")
+    print(json.dumps({
+        "tick_ratio_100_vs_5": round(lat["resident_ms_100"] / lat["resident_ms_5"], 3),
+        "recompute_ratio_100": round(lat["recompute_ms_100"] / lat["resident_ms_100"], 3),
+        "batched_vs_sliced_4": round(ratios[4], 3),
+        "continuous_play_ratio": round(play, 3),
+        "device": args.device,
+        "model": args.model,
+    }))  # fmt: skip
+    return 0
