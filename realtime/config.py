@@ -126,7 +126,7 @@ class RobotConfig:
     error_mode: Literal["recoverable", "openpi"] = "recoverable"
     max_pending_requests: int = 2
     max_batch: int = 8
-    coalesce_window_s: float = 0.005
+    coalesce_window_s: float = 0.02
     torch_threads: int = 0
 
     def validate(self, path: str) -> None:

@@ -86,11 +86,17 @@ def _process(args: list[str], ready_url: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ours(policy: str, threads: int) -> Iterator[str]:
+def ours(policy: str, threads: int, robot: Mapping[str, Any] | None = None) -> Iterator[str]:
     port = _free_port()
     config = {
         "server": {"log_level": "warning"},
-        "robot": {"enabled": True, "policy": policy, "torch_threads": threads, "idle_timeout_s": 0},
+        "robot": {
+            "enabled": True,
+            "policy": policy,
+            "torch_threads": threads,
+            "idle_timeout_s": 0,
+            **(robot or {}),
+        },
         "world": {"enabled": False},
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,7 +160,7 @@ def _client(url: str):
     return WebsocketClientPolicy(url)
 
 
-def _round_trips(client: Any, obs: dict, n: int) -> list[float]:
+def _round_trips(client: Any, obs: dict, n: int, timings: list | None = None) -> list[float]:
     out = []
     for _ in range(n):
         start = time.perf_counter()
@@ -162,6 +168,8 @@ def _round_trips(client: Any, obs: dict, n: int) -> list[float]:
         out.append(time.perf_counter() - start)
         if "actions" not in reply:
             raise RuntimeError(f"server answered {reply}")
+        if timings is not None:
+            timings.append(reply["policy_timing"])
     return out
 
 
@@ -178,11 +186,12 @@ def overhead(url_ours: str, url_peer: str, obs: dict, requests: int, blocks: int
     return samples
 
 
-def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[float]]:
+def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[float], list[dict]]:
     robots = [_client(url) for _ in range(clients)]
     for i, robot in enumerate(robots):
         _round_trips(robot, libero_obs(i), 2)
     latencies: list[list[float]] = [[] for _ in robots]
+    timings: list[dict] = []
     barrier = threading.Barrier(clients + 1)
     stop_at = [0.0]
 
@@ -190,7 +199,7 @@ def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[floa
         obs = libero_obs(i)
         barrier.wait()
         while time.perf_counter() < stop_at[0]:
-            latencies[i] += _round_trips(robots[i], obs, 1)
+            latencies[i] += _round_trips(robots[i], obs, 1, timings)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
     for t in threads:
@@ -204,7 +213,7 @@ def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[floa
     for robot in robots:
         robot._ws.close()
     flat = [x for per in latencies for x in per]
-    return len(flat) / elapsed, flat
+    return len(flat) / elapsed, flat, timings
 
 
 def _ms(values: list[float], q: float) -> float:
@@ -217,6 +226,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per server in (b)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument(
+        "--coalesce-window-s",
+        type=float,
+        help="robot.coalesce_window_s for ours in (b) (default: the config's)",
+    )
     parser.add_argument("--serve-peer", choices=["zeros", "pi0-tiny"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -246,14 +260,22 @@ def main(argv: list[str]) -> int:
                 "peer": round(_ms(samples["peer"], 50), 3),
             }
     print(f"(b) {args.clients} concurrent clients, pi0-tiny, {args.seconds:g} s each")
-    print(f"{'server':<14} {'chunks/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'server':<14} {'chunks/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'forward ms':>11} {'mean batch':>11}")
     figures = {}
-    for who, serve in (("peer", peer), ("ours", ours)):
-        with serve("pi0-tiny", threads) as url:
-            rate, lat = throughput(url, args.clients, args.seconds)
+    window = {} if args.coalesce_window_s is None else {"coalesce_window_s": args.coalesce_window_s}
+    servers = (
+        ("peer", lambda: peer("pi0-tiny", threads)),
+        ("ours", lambda: ours("pi0-tiny", threads, window)),
+    )
+    for who, serve in servers:
+        with serve() as url:
+            rate, lat, timings = throughput(url, args.clients, args.seconds)
         figures[who] = (rate, _ms(lat, 50), _ms(lat, 99))
+        forward = statistics.fmean(t["infer_ms"] for t in timings)
+        batch = statistics.fmean(t.get("batch_size", 1.0) for t in timings)
+        label = "ours" if who == "ours" else "openpi-server"
         print(
-            f"{'ours' if who == 'ours' else 'openpi-server':<14} {rate:9.1f} {_ms(lat, 50):8.1f} {_ms(lat, 99):8.1f}"
+            f"{label:<14} {rate:9.1f} {_ms(lat, 50):8.1f} {_ms(lat, 99):8.1f} {forward:11.1f} {batch:11.2f}"
         )
     results["throughput_ratio_8"] = round(figures["ours"][0] / figures["peer"][0], 3)
     results["p99_ms_8"] = {"ours": round(figures["ours"][2], 1), "peer": round(figures["peer"][2], 1)}
