@@ -33,7 +33,7 @@ from models.world.configs import WorldModelConfig, load_model_weights, read_conf
 from models.world.dit import CausalDiT
 from models.world.kv_cache import KVGeometry, KVPool
 from models.world.sampler import BlockRequest, FlowSampler
-from models.world.vae import CausalDecoder, DecoderState, split_state, stack_states
+from models.world.vae import CausalDecoder, DecoderState, decoder_state_bytes, split_state, stack_states
 
 
 def tokenize(prompt: str | None, cfg: WorldModelConfig) -> Tensor:
@@ -97,7 +97,7 @@ class WorldModel:
 
     @property
     def decoder_state_bytes(self) -> int:
-        return self.decoder.init_state().nbytes
+        return decoder_state_bytes(self.cfg, self.pool.k.dtype)
 
     @property
     def bytes_per_session(self) -> int:

@@ -41,6 +41,13 @@ class DecoderState:
         return sum(c.numel() * c.element_size() for c in self.caches)
 
 
+def decoder_state_bytes(cfg: WorldModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of one session's :class:`DecoderState` (without building the decoder)."""
+    channels = cfg.latent_channels + 2 * cfg.decoder_channels[0]
+    elem = torch.empty((), dtype=dtype).element_size()
+    return channels * CACHE_SLICES * cfg.latent_height * cfg.latent_width * elem
+
+
 class CausalConv3d(nn.Module):
     def __init__(self, c_in: int, c_out: int) -> None:
         super().__init__()

@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,11 +32,12 @@ from prometheus_client import Counter
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from models.world.configs import CONFIGS, WEIGHTS_DIR
+from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
 from models.world.controls import CONTROL_SCHEMAS, KEYS_TRACK, MOUSE_SCHEMA, MOUSE_TRACK, action_vector
 from models.world.kv_cache import KVGeometry
 from models.world.model import WorldModel, WorldTick
 from models.world.stage import WorldStage, WorldStageInput, WorldStageOutput
+from models.world.vae import decoder_state_bytes
 from realtime.auth import api_key_ok
 from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan
@@ -128,20 +130,14 @@ class _EngineExecutor:
         )
 
 
-def resolve_model(name: str, weights: str | None):
-    """(config, weights path or None) for ``world.model``: the trained default or a random-init config."""
+def resolve_model(name: str, weights: str | None) -> tuple[WorldModelConfig, Path | None]:
+    """(config, weights path or None) for ``world.model`` / ``world.weights``."""
     if weights:
-        from pathlib import Path
-
-        from models.world.configs import read_config
-
         return read_config(Path(weights)), Path(weights)
-    if name == "world-tiny":
-        path = WEIGHTS_DIR / "world-tiny.safetensors"
-        return CONFIGS[name], path
     if name not in CONFIGS:
         raise ValueError(f"unknown world model {name!r} (known: {', '.join(CONFIGS)})")
-    return CONFIGS[name], None
+    trained = WEIGHTS_DIR / f"{name}.safetensors"
+    return CONFIGS[name], trained if trained.is_file() else None
 
 
 class WorldService:
@@ -197,7 +193,7 @@ class WorldService:
         cfg, weights = resolve_model(wc.model, wc.weights)
         dtype = _DTYPES[wc.dtype]
         geometry = KVGeometry.of(cfg, dtype)
-        decoder_bytes = WorldModel.build(cfg, slots=1).decoder_state_bytes
+        decoder_bytes = decoder_state_bytes(cfg, dtype)
         probe = MemoryDeclaration(
             resident_bytes_per_session=geometry.bytes_per_session,
             model_owned_bytes_per_session=decoder_bytes,
