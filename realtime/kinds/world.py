@@ -89,7 +89,9 @@ class WorldControlReducer:
 
 
 @dataclass(frozen=True)
-class _TickPayload:
+class WorldTickPayload:
+    """What a world tick carries besides the snapshot: the session seed and start prompt."""
+
     seed: int
     prompt: str | None
 
@@ -101,14 +103,14 @@ class WorldChunk:
     queued_ms: float
 
 
-class _EngineExecutor:
+class WorldExecutor:
     """One tick = one item of the world engine's next batch."""
 
     def __init__(self, engine: StageEngine) -> None:
         self.engine = engine
 
     async def execute(self, snapshot: TickSnapshot) -> TickOutput[WorldChunk]:
-        payload: _TickPayload = snapshot.payload
+        payload: WorldTickPayload = snapshot.payload
         keys = snapshot.control(KEYS_TRACK)
         mouse = snapshot.control(MOUSE_TRACK)
         action = action_vector(
@@ -230,7 +232,7 @@ class WorldService:
             self.name,
             runtime=self.ctx.config.runtime,
             kind_config=wc,
-            executor=_EngineExecutor(self.engine),
+            executor=WorldExecutor(self.engine),
             declaration=self.declaration,
             lifecycle=self.engine,
             registry=self.ctx.registry,
@@ -402,7 +404,7 @@ class _Connection:
         session, start = self.session, self.start
         assert session is not None and start is not None
         wc, cfg = self.service.config, self.service.model.cfg  # type: ignore[union-attr]
-        payload = _TickPayload(start.seed, start.prompt)
+        payload = WorldTickPayload(start.seed, start.prompt)
         block_s = cfg.frames_for_block(False) / start.fps
         closed = asyncio.create_task(session.wait_closed())
         try:
