@@ -31,7 +31,10 @@ class ZerosPolicy:
             camera_keys=tuple(c.key for c in camera_source.cameras),
             state_dim=STATE_DIM,
             max_cameras=MAX_CAMERAS,
-            extra={"observation_preset": self.preset.name if self.preset else "auto"},
+            extra={
+                "observation_preset": self.preset.name if self.preset else "auto",
+                **(dict(self.preset.metadata) if self.preset else {}),
+            },
         )
 
     def prepare(self, observation: Mapping[str, Any]) -> presets.Canonical:

@@ -256,3 +256,37 @@ async def test_idle_session_is_closed_with_a_reason(strict_server):
 
     close = await in_client_thread(go)
     assert close.code == 1008 and "idle timeout" in close.reason
+
+
+@pytest.fixture(scope="module")
+async def aloha_server():
+    """A fixed ALOHA preset on the trivial policy, one session at most."""
+    config = config_from_mapping(
+        {
+            "runtime": {"max_sessions": 1},
+            "robot": {"enabled": True, "policy": "zeros", "observation_preset": "aloha"},
+        }
+    )
+    async with serve_in_process(config) as (url, _):
+        yield url.replace("http://", "ws://")
+
+
+async def test_fixed_preset_advertises_robot_dims_and_admission_is_bounded(aloha_server):
+    def go():
+        policy = WebsocketClientPolicy(aloha_server)
+        meta = policy.get_server_metadata()
+        reply = policy.infer(aloha())
+        wrong = policy.infer(libero())
+        with raw(aloha_server) as second:  # over the one-session capacity
+            refused = msgpack_numpy.unpackb(second.recv(timeout=10))
+            with pytest.raises(ConnectionClosed) as closed:
+                second.recv(timeout=10)
+        policy._ws.close()
+        return meta, reply, wrong, refused, closed.value.rcvd.code
+
+    meta, reply, wrong, refused, code = await in_client_thread(go)
+    assert meta["action_dim"] == 14 and meta["reset_pose"] == [0.0, -1.5, 1.5, 0.0, 0.0, 0.0]
+    assert meta["camera_keys"] == ["cam_high", "cam_left_wrist", "cam_right_wrist"]
+    assert reply["actions"].shape == (50, 14)
+    assert wrong["code"] == "invalid_observation"
+    assert refused["type"] == "error" and refused["code"] == "session_limit_reached" and code == 1013
