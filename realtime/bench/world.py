@@ -6,8 +6,9 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
 1. tick latency (denoise passes + clean pass, one session) at blocks 5 and 100 with the resident
    KV pool, against a recompute-the-window baseline that rebuilds the sink + window context from
    clean latents every step (Krea-style ``do_kv_recomp``; cost of one block at block 100);
-2. aggregate fps (decoded frames per second) for 1, 2, 4, 8 sessions: one batched stage forward
-   per tick of all sessions vs time-sliced (``max_batch=1``: one forward per session);
+2. aggregate fps (decoded frames per second) for 1, 2, 4, 8 sessions ticking through the stage
+   engine: batched (one forward per tick of all sessions) vs time-sliced (``max_batch=1``, one
+   session per forward, as vllm-omni's single-request AR runner);
 3. continuous-play ratio when paced at ``--fps``: the share of blocks (one session) ready before
    the media clock needs them.
 
@@ -17,17 +18,19 @@ Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import time
 
 import torch
+from prometheus_client import CollectorRegistry
 
-from models.stage import StageItem
 from models.world.configs import CONFIGS, WEIGHTS_DIR
 from models.world.model import WorldModel, WorldTick, tokenize
 from models.world.sampler import BlockRequest, recompute_generate
 from models.world.stage import WorldStage, WorldStageInput
+from sessions.engine import StageEngine
 
 
 def _act(i: int) -> torch.Tensor:
@@ -88,28 +91,38 @@ def tick_latency(args) -> dict[str, float]:
     }
 
 
-def aggregate_fps(args, sessions: int, batched: bool) -> float:
+async def _engine_fps(args, sessions: int, max_batch: int) -> float:
     model = _build(args, sessions)
-    stage = WorldStage(model, device=args.device)
+    engine = StageEngine(
+        WorldStage(model, device=args.device),
+        registry=CollectorRegistry(),
+        max_batch=max_batch,
+        coalesce_window_s=0.05,
+    )
     ids = [f"s{i}" for i in range(sessions)]
     for sid in ids:
-        model.open(sid, seed=0)
-    frames = 0
-    t0 = None
+        await engine.open(sid)
+
+    async def tick(i: int, sid: str, block: int) -> int:
+        out = await engine.submit(sid, 0, WorldStageInput(WorldTick(sid, block, "stone", _act(block + i)), i))
+        return out.frames.shape[0]
+
+    frames, t0 = 0, 0.0
     for b in range(args.warmup + args.ticks):
         if b == args.warmup:
             _sync(args.device)
-            t0 = time.perf_counter()
-            frames = 0
-        items = [
-            StageItem(sid, 0, WorldStageInput(WorldTick(sid, b, "stone", _act(b + i)), i))
-            for i, sid in enumerate(ids)
-        ]
-        groups = [items] if batched else [[it] for it in items]
-        for group in groups:
-            frames += sum(out.frames.shape[0] for out in stage.forward(group))
+            frames, t0 = 0, time.perf_counter()
+        frames += sum(await asyncio.gather(*(tick(i, sid, b) for i, sid in enumerate(ids))))
     _sync(args.device)
-    return frames / (time.perf_counter() - t0)
+    fps = frames / (time.perf_counter() - t0)
+    await engine.close()
+    return fps
+
+
+def aggregate_fps(args, sessions: int, batched: bool) -> float:
+    """Decoded frames per second of ``sessions`` sessions ticking through the stage engine,
+    batched (``max_batch = sessions``) or time-sliced (``max_batch = 1``)."""
+    return asyncio.run(_engine_fps(args, sessions, sessions if batched else 1))
 
 
 def continuous_play(args) -> float:
@@ -134,7 +147,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--blocks", type=int, default=100)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=9)
     p.add_argument("--ticks", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--fps", type=int, default=16)
