@@ -251,7 +251,7 @@ def resize_with_pad(image: np.ndarray, size: int) -> np.ndarray:
     h, w = image.shape[:2]
     scale = size / max(h, w)
     nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].float()
+    x = torch.tensor(image).permute(2, 0, 1)[None].float()  # a copy: wire arrays are read-only
     x = F.interpolate(x, size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)[0]
     out = np.zeros((size, size, 3), np.uint8)
     top, left = (size - nh) // 2, (size - nw) // 2
