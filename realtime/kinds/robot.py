@@ -258,6 +258,8 @@ class _Connection:
             else:
                 decoded = openpi.decode(frame, max_bytes)
             del frame
+            if self.codec.state is not openpi.State.OPEN:  # openpi error mode closed the connection
+                return
             await self.commands.put(_Pending(self.codec.accept(decoded), received_at))
 
     async def _run(self, session: Session) -> None:
