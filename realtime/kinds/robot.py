@@ -52,7 +52,6 @@ PATHS = ("/", "/v1/realtime/robot/openpi")
 POLICY_VIOLATION = 1008
 GOING_AWAY = 1001
 TRY_AGAIN_LATER = 1013
-INTERNAL_ERROR = 1011
 OFFLOAD_DECODE_BYTES = 1 << 20  # frames above this are decoded on a worker thread
 _CLOSE_REASONS = {
     "idle": "idle timeout: no request for {idle:g} s",
@@ -212,7 +211,7 @@ class _Connection:
                 await self._serve(session)
         except Exception:
             log.exception("robot connection failed")
-            await self._close(INTERNAL_ERROR, "internal server error")
+            await self._close(openpi.INTERNAL_ERROR, "internal server error")
         finally:
             await manager.disconnect(session.session_id)
 
