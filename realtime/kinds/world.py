@@ -56,6 +56,7 @@ log = logging.getLogger("realtime.world")
 
 PATH = "/v1/realtime/world"
 NORMAL, GOING_AWAY, POLICY_VIOLATION, INTERNAL_ERROR, TRY_AGAIN_LATER = 1000, 1001, 1008, 1011, 1013
+OUTBOUND_MESSAGES = 64  # queued text messages + chunks per connection (then the reader waits)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -282,7 +283,7 @@ class _Connection:
             default_fps=wc.fps,
             default_pacing=wc.default_pacing,
         )
-        self.outbound: asyncio.Queue[str | _ChunkOut] = asyncio.Queue(wc.max_ahead_blocks + 64)
+        self.outbound: asyncio.Queue[str | _ChunkOut] = asyncio.Queue(OUTBOUND_MESSAGES)
         self.session: Session | None = None
         self.start: proto.Start | None = None
         self.generation = 0
@@ -293,6 +294,7 @@ class _Connection:
         self.frames_out = 0
         self.closing: tuple[int, str] | None = None
         self.reader_done = asyncio.Event()
+        self.chunk_slots = asyncio.Semaphore(wc.max_ahead_blocks)  # chunks generated but not yet sent
 
     async def run(self) -> None:
         bad = proto.check_version(self.ws.query_params.get("protocol_version"))
@@ -409,24 +411,28 @@ class _Connection:
         closed = asyncio.create_task(session.wait_closed())
         try:
             while not closed.done():
-                await self.resumed.wait()
+                if not await _until(self.resumed.wait(), closed):
+                    break
                 if start.pacing == "realtime" and self.clock_t0 is not None:
                     ahead = self.frames_out / start.fps - (time.monotonic() - self.clock_t0)
                     if ahead > wc.max_ahead_blocks * block_s:
-                        await asyncio.sleep(ahead - wc.max_ahead_blocks * block_s)
+                        await _until(asyncio.sleep(ahead - wc.max_ahead_blocks * block_s), closed)
                         continue
+                if not await _until(self.chunk_slots.acquire(), closed):
+                    break
                 generation = self.generation
                 try:
                     result = await session.next_tick(payload)
-                except TickSupersededError:
-                    continue
                 except SessionError as exc:
-                    if generation == self.generation:
-                        self.failed = True
-                        self.resumed.clear()
-                        await self.outbound.put(self._error(exc.code, f"{exc.message}; send session.reset"))
+                    self.chunk_slots.release()
+                    if closed.done() or isinstance(exc, TickSupersededError) or generation != self.generation:
+                        continue
+                    self.failed = True
+                    self.resumed.clear()
+                    await self.outbound.put(self._error(exc.code, f"{exc.message}; send session.reset"))
                     continue
                 if generation != self.generation:
+                    self.chunk_slots.release()
                     continue
                 await self.outbound.put(self._chunk(result.metadata.to_dict(), result.value, generation))
         finally:
@@ -481,6 +487,8 @@ class _Connection:
             except (WebSocketDisconnect, RuntimeError):
                 return  # the client went away; the reader ends the connection
             finally:
+                if isinstance(item, _ChunkOut):
+                    self.chunk_slots.release()
                 self.outbound.task_done()
 
     async def _send(self, item: str | _ChunkOut) -> None:
@@ -504,6 +512,16 @@ class _Connection:
                 await self.ws.close(code=code, reason=reason[:123])
             except RuntimeError:
                 pass
+
+
+async def _until(awaitable: Any, closed: asyncio.Task) -> bool:
+    """Await ``awaitable`` unless ``closed`` finishes first (then cancel it and return False)."""
+    task = asyncio.ensure_future(awaitable)
+    await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return True
+    task.cancel()
+    return False
 
 
 def build_world_service(ctx: ServerContext) -> WorldService:
