@@ -114,6 +114,9 @@ async def test_jpeg_frames_decode_and_bad_input_gets_typed_errors(server):
             caps["width"],
             3,
         )
+        while meta["chunk_index"] < 2:  # 21 frames at 1 fps: now 2 blocks (16 s) ahead, the runner waits
+            meta, data = await _next_chunk(ws)
+            assert len(decode_jpeg_batch(data)) == meta["frame_count"] == 8
         cases = [
             ("{not json", "invalid_json"),
             (json.dumps({"type": "session.teleport"}), "unknown_type"),
@@ -139,7 +142,7 @@ async def test_jpeg_frames_decode_and_bad_input_gets_typed_errors(server):
             assert (await _recv_json(ws, "error"))["error"]["code"] == code, text
         await ws.send(b"\x00binary")
         assert (await _recv_json(ws, "error"))["error"]["code"] == "unexpected_binary"
-        # at 1 fps the runner waits on the media clock: a burst overflows the 2-event queue
+        # the runner waits on the media clock for seconds: a burst overflows the 2-event queue
         for event_id in range(10, 15):
             await ws.send(json.dumps({"type": "session.event", "event_id": event_id, "prompt": "forest"}))
         replies = [json.loads(await ws.recv()) for _ in range(5)]
