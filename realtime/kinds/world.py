@@ -47,6 +47,7 @@ from sessions.capacity import MemoryDeclaration
 from sessions.engine import StageEngine
 from sessions.errors import SessionError, TickSupersededError
 from sessions.events import ControlInput, SessionEvent
+from sessions.log_context import session_context
 from sessions.manager import SessionManager
 from sessions.reducer import PreparedControls
 from sessions.session import Session
@@ -403,38 +404,12 @@ class _Connection:
 
     async def _run(self) -> None:
         await self.started.wait()
-        session, start = self.session, self.start
-        assert session is not None and start is not None
-        wc, cfg = self.service.config, self.service.model.cfg  # type: ignore[union-attr]
-        payload = WorldTickPayload(start.seed, start.prompt)
-        block_s = cfg.frames_for_block(False) / start.fps
+        session = self.session
+        assert session is not None
         closed = asyncio.create_task(session.wait_closed())
         try:
-            while not closed.done():
-                if not await _until(self.resumed.wait(), closed):
-                    break
-                if start.pacing == "realtime" and self.clock_t0 is not None:
-                    ahead = self.frames_out / start.fps - (time.monotonic() - self.clock_t0)
-                    if ahead > wc.max_ahead_blocks * block_s:
-                        await _until(asyncio.sleep(ahead - wc.max_ahead_blocks * block_s), closed)
-                        continue
-                if not await _until(self.chunk_slots.acquire(), closed):
-                    break
-                generation = self.generation
-                try:
-                    result = await session.next_tick(payload)
-                except SessionError as exc:
-                    self.chunk_slots.release()
-                    if closed.done() or isinstance(exc, TickSupersededError) or generation != self.generation:
-                        continue
-                    self.failed = True
-                    self.resumed.clear()
-                    await self.outbound.put(self._error(exc.code, f"{exc.message}; send session.reset"))
-                    continue
-                if generation != self.generation:
-                    self.chunk_slots.release()
-                    continue
-                await self.outbound.put(self._chunk(result.metadata.to_dict(), result.value, generation))
+            with session_context(session.session_id):
+                await self._generate(session, closed)
         finally:
             closed.cancel()
         if self.codec.closed:
@@ -444,6 +419,39 @@ class _Connection:
         await self.outbound.put(proto.render_closed(session.session_id, reason))
         self.closing = (GOING_AWAY if reason == "shutdown" else POLICY_VIOLATION, f"session closed: {reason}")
         await self.outbound.join()
+
+    async def _generate(self, session: Session, closed: asyncio.Task) -> None:
+        """The generation loop: pacing, ticks, hand-off to encoding; ends when the session closes."""
+        start = self.start
+        assert start is not None
+        wc, cfg = self.service.config, self.service.model.cfg  # type: ignore[union-attr]
+        payload = WorldTickPayload(start.seed, start.prompt)
+        block_s = cfg.frames_for_block(False) / start.fps
+        while not closed.done():
+            if not await _until(self.resumed.wait(), closed):
+                return
+            if start.pacing == "realtime" and self.clock_t0 is not None:
+                ahead = self.frames_out / start.fps - (time.monotonic() - self.clock_t0)
+                if ahead > wc.max_ahead_blocks * block_s:
+                    await _until(asyncio.sleep(ahead - wc.max_ahead_blocks * block_s), closed)
+                    continue
+            if not await _until(self.chunk_slots.acquire(), closed):
+                return
+            generation = self.generation
+            try:
+                result = await session.next_tick(payload)
+            except SessionError as exc:
+                self.chunk_slots.release()
+                if closed.done() or isinstance(exc, TickSupersededError) or generation != self.generation:
+                    continue
+                self.failed = True
+                self.resumed.clear()
+                await self.outbound.put(self._error(exc.code, f"{exc.message}; send session.reset"))
+                continue
+            if generation != self.generation:
+                self.chunk_slots.release()
+                continue
+            await self.outbound.put(self._chunk(result.metadata.to_dict(), result.value, generation))
 
     def _chunk(self, identity: dict[str, Any], chunk: WorldChunk, generation: int) -> _ChunkOut:
         start, wc = self.start, self.service.config
