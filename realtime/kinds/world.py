@@ -288,7 +288,6 @@ class _Connection:
         self.session: Session | None = None
         self.start: proto.Start | None = None
         self.generation = 0
-        self.failed = False
         self.resumed = asyncio.Event()
         self.started = asyncio.Event()
         self.clock_t0: float | None = None
@@ -388,7 +387,6 @@ class _Connection:
             except SessionError as exc:
                 await self.outbound.put(self._error(exc.code, exc.message))
                 return False
-            self.failed = False
             self.clock_t0, self.frames_out = None, 0
             await self.outbound.put(proto.render_reset_done(self.session.session_id))
             self.resumed.set()
@@ -444,7 +442,6 @@ class _Connection:
                 self.chunk_slots.release()
                 if closed.done() or isinstance(exc, TickSupersededError) or generation != self.generation:
                     continue
-                self.failed = True
                 self.resumed.clear()
                 await self.outbound.put(self._error(exc.code, f"{exc.message}; send session.reset"))
                 continue
