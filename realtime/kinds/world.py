@@ -393,7 +393,10 @@ class _Connection:
         elif isinstance(cmd, proto.Close):
             assert self.session is not None
             self.generation += 1
-            await manager.close(self.session.session_id)
+            try:
+                await manager.close(self.session.session_id)
+            except SessionError as exc:  # cleanup failed: the tombstone is the runtime's to retry
+                await self.outbound.put(self._error(exc.code, exc.message))
             await self.outbound.put(proto.render_closed(self.session.session_id, "client_close"))
             self.closing = (NORMAL, "session closed")
             await self.outbound.join()
