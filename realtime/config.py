@@ -5,7 +5,8 @@ Contract:
   :class:`ConfigError` whose ``str()`` is one line naming the file, the dotted field and the reason.
 - Unknown keys are rejected (a typo must never be silently ignored).
 - Values are checked against the dataclass annotations (``bool`` is not an ``int``; ``int`` is
-  accepted where ``float`` is expected); each section may add range checks in ``validate()``.
+  accepted where ``float`` is expected). Range limits are part of the type (``PositiveFloat``,
+  ``Port``, ...: ``Annotated`` predicates); ``validate()`` holds only cross-field checks.
 - ``default_config_path()`` is the embedded ``deploy/default.yaml`` shipped inside the package.
 
 Every field is documented in ``docs/configuration.md``; keep the two in step.
@@ -17,10 +18,11 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 
@@ -43,72 +45,63 @@ class _FieldError(Exception):
         self.reason = reason
 
 
-def _finite_non_negative(path: str, value: float) -> None:
-    if not math.isfinite(value) or value < 0:
-        raise _FieldError(path, f"must be a finite number >= 0, got {value!r}")
+def _non_negative(value: float) -> str | None:
+    return None if math.isfinite(value) and value >= 0 else "must be a finite number >= 0"
 
 
-def _positive(path: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise _FieldError(path, f"must be a finite number > 0, got {value!r}")
+def _positive(value: float) -> str | None:
+    return None if math.isfinite(value) and value > 0 else "must be a finite number > 0"
+
+
+def _in_range(low: float, high: float, low_open: bool = False) -> Callable[[float], str | None]:
+    def check(value: float) -> str | None:
+        ok = (low < value if low_open else low <= value) and value <= high
+        return None if ok else f"must be in {'(' if low_open else '['}{low}, {high}]"
+
+    return check
+
+
+# Constrained field types: the loader checks the annotation's predicate after type conversion.
+PositiveInt = Annotated[int, _positive]
+NonNegativeInt = Annotated[int, _non_negative]
+PositiveFloat = Annotated[float, _positive]
+NonNegativeFloat = Annotated[float, _non_negative]
+Port = Annotated[int, _in_range(0, 65535)]
+Fraction = Annotated[float, _in_range(0, 1, low_open=True)]
+JpegQuality = Annotated[int, _in_range(1, 100)]
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: Port = 8000
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
-    shutdown_timeout_s: float = 10.0
-    ws_ping_interval_s: float = 20.0
-    ws_ping_timeout_s: float = 20.0
-    max_message_bytes: int = 64 * 1024 * 1024
+    shutdown_timeout_s: PositiveFloat = 10.0
+    ws_ping_interval_s: PositiveFloat = 20.0
+    ws_ping_timeout_s: PositiveFloat = 20.0
+    max_message_bytes: PositiveInt = 64 * 1024 * 1024
     api_keys: tuple[str, ...] = ()
-
-    def validate(self, path: str) -> None:
-        if not 0 <= self.port <= 65535:
-            raise _FieldError(f"{path}.port", f"must be in 0..65535, got {self.port}")
-        _positive(f"{path}.shutdown_timeout_s", self.shutdown_timeout_s)
-        _positive(f"{path}.ws_ping_interval_s", self.ws_ping_interval_s)
-        _positive(f"{path}.ws_ping_timeout_s", self.ws_ping_timeout_s)
-        _positive(f"{path}.max_message_bytes", self.max_message_bytes)
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Session runtime limits shared by every session kind (see docs/configuration.md)."""
 
-    memory_budget_fraction: float = 0.9
-    memory_available_bytes: int | None = None
-    max_sessions: int | None = None
+    memory_budget_fraction: Fraction = 0.9
+    memory_available_bytes: PositiveInt | None = None
+    max_sessions: PositiveInt | None = None
     over_capacity: Literal["reject", "queue"] = "reject"
-    max_queued_sessions: int = 16
+    max_queued_sessions: NonNegativeInt = 16
     evict_idle_lru: bool = False
-    max_pending_events: int = 64
-    admission_queue_timeout_s: float = 30.0
-    evict_min_idle_s: float = 0.0
-    release_timeout_s: float = 30.0
-    reaper_interval_s: float = 1.0
-    lifetime_warning_s: float = 30.0
-    max_event_id_ranges: int = 1024
-    max_mailbox_items: int = 64
-
-    def validate(self, path: str) -> None:
-        if not 0 < self.memory_budget_fraction <= 1:
-            raise _FieldError(f"{path}.memory_budget_fraction", "must be in (0, 1]")
-        if self.memory_available_bytes is not None:
-            _positive(f"{path}.memory_available_bytes", self.memory_available_bytes)
-        if self.max_sessions is not None:
-            _positive(f"{path}.max_sessions", self.max_sessions)
-        _finite_non_negative(f"{path}.max_queued_sessions", self.max_queued_sessions)
-        _positive(f"{path}.max_pending_events", self.max_pending_events)
-        _positive(f"{path}.admission_queue_timeout_s", self.admission_queue_timeout_s)
-        _finite_non_negative(f"{path}.evict_min_idle_s", self.evict_min_idle_s)
-        _positive(f"{path}.release_timeout_s", self.release_timeout_s)
-        _positive(f"{path}.reaper_interval_s", self.reaper_interval_s)
-        _finite_non_negative(f"{path}.lifetime_warning_s", self.lifetime_warning_s)
-        _positive(f"{path}.max_event_id_ranges", self.max_event_id_ranges)
-        _positive(f"{path}.max_mailbox_items", self.max_mailbox_items)
+    max_pending_events: PositiveInt = 64
+    admission_queue_timeout_s: PositiveFloat = 30.0
+    evict_min_idle_s: NonNegativeFloat = 0.0
+    release_timeout_s: PositiveFloat = 30.0
+    reaper_interval_s: PositiveFloat = 1.0
+    lifetime_warning_s: NonNegativeFloat = 30.0
+    max_event_id_ranges: PositiveInt = 1024
+    max_mailbox_items: PositiveInt = 64
 
 
 @dataclass(frozen=True)
@@ -117,26 +110,17 @@ class RobotConfig:
 
     enabled: bool = True
     policy: Literal["pi0-tiny", "zeros"] = "pi0-tiny"
-    idle_timeout_s: float = 30.0
-    max_lifetime_s: float = 0.0
+    idle_timeout_s: NonNegativeFloat = 30.0
+    max_lifetime_s: NonNegativeFloat = 0.0
     observation_preset: Literal["auto", "libero", "droid", "aloha", "pi0"] = "auto"
     default_prompt: str = ""
     seed: int = 0
-    max_message_bytes: int = 64 * 1024 * 1024
+    max_message_bytes: PositiveInt = 64 * 1024 * 1024
     error_mode: Literal["recoverable", "openpi"] = "recoverable"
-    max_pending_requests: int = 2
-    max_batch: int = 8
-    coalesce_window_s: float = 0.02
-    torch_threads: int = 0
-
-    def validate(self, path: str) -> None:
-        _finite_non_negative(f"{path}.idle_timeout_s", self.idle_timeout_s)
-        _finite_non_negative(f"{path}.max_lifetime_s", self.max_lifetime_s)
-        _positive(f"{path}.max_message_bytes", self.max_message_bytes)
-        _positive(f"{path}.max_pending_requests", self.max_pending_requests)
-        _positive(f"{path}.max_batch", self.max_batch)
-        _finite_non_negative(f"{path}.coalesce_window_s", self.coalesce_window_s)
-        _finite_non_negative(f"{path}.torch_threads", self.torch_threads)
+    max_pending_requests: PositiveInt = 2
+    max_batch: PositiveInt = 8
+    coalesce_window_s: NonNegativeFloat = 0.02
+    torch_threads: NonNegativeInt = 0
 
 
 @dataclass(frozen=True)
@@ -145,42 +129,26 @@ class WorldConfig:
 
     enabled: bool = False
     model: str = "world-tiny"
-    idle_timeout_s: float = 120.0
-    max_lifetime_s: float = 0.0
+    idle_timeout_s: NonNegativeFloat = 120.0
+    max_lifetime_s: NonNegativeFloat = 0.0
     weights: str | None = None
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    torch_threads: int = 0
-    max_batch: int = 8
-    coalesce_window_s: float = 0.005
-    fps: int = 16
-    min_fps: int = 1
-    max_fps: int = 60
+    torch_threads: NonNegativeInt = 0
+    max_batch: PositiveInt = 8
+    coalesce_window_s: NonNegativeFloat = 0.005
+    fps: PositiveInt = 16
+    min_fps: PositiveInt = 1
+    max_fps: PositiveInt = 60
     default_pacing: Literal["realtime", "fast"] = "realtime"
-    max_ahead_blocks: int = 2
-    jpeg_quality: int = 85
-    max_message_bytes: int = 65536
-    max_prompt_chars: int = 2000
+    max_ahead_blocks: PositiveInt = 2
+    jpeg_quality: JpegQuality = 85
+    max_message_bytes: PositiveInt = 65536
+    max_prompt_chars: PositiveInt = 2000
 
     def validate(self, path: str) -> None:
-        _finite_non_negative(f"{path}.idle_timeout_s", self.idle_timeout_s)
-        _finite_non_negative(f"{path}.max_lifetime_s", self.max_lifetime_s)
-        _finite_non_negative(f"{path}.torch_threads", self.torch_threads)
-        _finite_non_negative(f"{path}.coalesce_window_s", self.coalesce_window_s)
-        for name in (
-            "max_batch",
-            "fps",
-            "min_fps",
-            "max_fps",
-            "max_ahead_blocks",
-            "max_message_bytes",
-            "max_prompt_chars",
-        ):
-            _positive(f"{path}.{name}", getattr(self, name))
         if not self.min_fps <= self.fps <= self.max_fps:
             raise _FieldError(f"{path}.fps", f"must be in min_fps..max_fps ({self.min_fps}..{self.max_fps})")
-        if not 1 <= self.jpeg_quality <= 100:
-            raise _FieldError(f"{path}.jpeg_quality", "must be in 1..100")
 
 
 @dataclass(frozen=True)
@@ -235,7 +203,7 @@ def _type_name(tp: Any) -> str:
 def _build(cls: type, raw: Any, path: str) -> Any:
     if not isinstance(raw, dict):
         raise _FieldError(path or "<root>", f"must be a mapping, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
@@ -258,6 +226,13 @@ def _build(cls: type, raw: Any, path: str) -> Any:
 def _convert(tp: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if origin is Annotated:
+        value = _convert(args[0], value, path)
+        for check in tp.__metadata__:
+            problem = check(value)
+            if problem:
+                raise _FieldError(path, f"{problem}, got {value!r}")
+        return value
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, path)
     if origin in (typing.Union, types.UnionType):

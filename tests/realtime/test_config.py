@@ -22,7 +22,7 @@ def test_embedded_default_loads_and_is_packaged():
         ("server:\n  prot: 1\n", "server.prot", "unknown key"),
         ("bogus: 1\n", "bogus", "unknown key"),
         ("server:\n  port: eighty\n", "server.port", "expected an integer"),
-        ("server:\n  port: 70000\n", "server.port", "must be in 0..65535"),
+        ("server:\n  port: 70000\n", "server.port", "must be in [0, 65535]"),
         ("server:\n  shutdown_timeout_s: -1\n", "server.shutdown_timeout_s", "must be a finite number > 0"),
         ("server:\n  log_format: xml\n", "server.log_format", "must be one of"),
         ("robot:\n  enabled: 'yes'\n", "robot.enabled", "expected true or false"),
@@ -65,3 +65,20 @@ def test_list_fields_become_tuples():
     assert config.server.api_keys == ("a", "b")
     with pytest.raises(ConfigError, match=r"server\.api_keys\[1\]"):
         config_from_mapping({"server": {"api_keys": ["a", 2]}})
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "reason"),
+    [
+        ("runtime", "memory_budget_fraction", 0, "must be in (0, 1]"),
+        ("runtime", "max_sessions", -1, "must be a finite number > 0"),
+        ("robot", "coalesce_window_s", float("nan"), "must be a finite number >= 0"),
+        ("world", "jpeg_quality", 101, "must be in [1, 100]"),
+        ("world", "fps", 500, "must be in min_fps..max_fps"),
+    ],
+)
+def test_range_limits_name_the_field(section, key, value, reason):
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping({section: {key: value}})
+    assert info.value.field_path == f"{section}.{key}"
+    assert reason in info.value.reason
