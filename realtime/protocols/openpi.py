@@ -30,7 +30,6 @@ a text frame, then close 1011 — but with a one-line message, never a traceback
 from __future__ import annotations
 
 import enum
-import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -102,34 +101,45 @@ def packb(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_pack_numpy)
 
 
+_DTYPE_CACHE: dict[str | bytes, np.dtype] = {}  # accepted dtype strings -> dtype (decode is hot)
+_DTYPE_CACHE_MAX = 64
+
+
 def _dtype(raw: Any) -> np.dtype:
-    if isinstance(raw, bytes):
-        raw = raw.decode("ascii", "replace")
-    if not isinstance(raw, str):
+    try:
+        return _DTYPE_CACHE[raw]
+    except (KeyError, TypeError):  # TypeError: an unhashable value, refused below
+        pass
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    if not isinstance(text, str):
         raise CodecError(ErrorCode.INVALID_ARRAY, f"dtype must be a string, got {type(raw).__name__}")
     try:
-        dtype = np.dtype(raw)
+        dtype = np.dtype(text)
     except (TypeError, ValueError, SyntaxError):
-        raise CodecError(ErrorCode.UNSUPPORTED_DTYPE, f"unknown dtype {raw[:40]!r}") from None
+        raise CodecError(ErrorCode.UNSUPPORTED_DTYPE, f"unknown dtype {text[:40]!r}") from None
     _refuse_dtype(dtype)
+    if len(_DTYPE_CACHE) < _DTYPE_CACHE_MAX:
+        _DTYPE_CACHE[raw] = dtype
     return dtype
 
 
 def _ndarray(data: Any, dtype_raw: Any, shape_raw: Any) -> np.ndarray:
     dtype = _dtype(dtype_raw)
-    if not isinstance(data, bytes):
+    if type(data) is not bytes:
         raise CodecError(ErrorCode.INVALID_ARRAY, "array data must be msgpack bin")
     if not isinstance(shape_raw, list | tuple) or len(shape_raw) > _MAX_NDIM:
         raise CodecError(ErrorCode.INVALID_ARRAY, f"array shape must be a list of at most {_MAX_NDIM} ints")
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape_raw):
-        raise CodecError(ErrorCode.INVALID_ARRAY, "array shape entries must be ints >= 0")
-    expected = math.prod(shape_raw) * dtype.itemsize
+    expected = dtype.itemsize
+    for n in shape_raw:
+        if type(n) is not int or n < 0:  # type(), not isinstance: bool is refused too
+            raise CodecError(ErrorCode.INVALID_ARRAY, "array shape entries must be ints >= 0")
+        expected *= n
     if expected != len(data):
         raise CodecError(
             ErrorCode.INVALID_ARRAY,
             f"array of shape {list(shape_raw)} and dtype {dtype.str} needs {expected} bytes, got {len(data)}",
         )
-    return np.ndarray(buffer=data, dtype=dtype, shape=tuple(shape_raw))
+    return np.ndarray(buffer=data, dtype=dtype, shape=shape_raw)
 
 
 def _npgeneric(data: Any, dtype_raw: Any) -> np.generic:
@@ -158,7 +168,11 @@ def _object_hook(obj: dict) -> Any:
 
 
 def _is_legacy(obj: dict) -> bool:
-    return all(k.encode() in obj or k in obj for k in ("nd", "type", "data"))
+    return (
+        (b"nd" in obj or "nd" in obj)
+        and (b"type" in obj or "type" in obj)
+        and (b"data" in obj or "data" in obj)
+    )
 
 
 def _legacy_numpy(obj: dict) -> Any:

@@ -13,6 +13,15 @@ so work that arrives during a forward simply joins the next batch):
 - A streaming item whose ``block`` output channel is full is not ready (backpressure) and waits
   without holding up other sessions.
 
+Scheduling is callback-driven, with no scheduler task: any change that can make work
+dispatchable (submit, open, release, epoch bump, room in a stream's channel) asks for one
+decision at the next loop iteration (``call_soon``, so a burst of submits in one iteration is
+decided together), a coalescing wait is one ``call_at`` timer, and the worker thread's
+completion callback fans the outputs out and dispatches the next batch directly. A submit that
+completes the eager rule while no forward runs (the lone robot's tick) posts its batch to the
+worker at once, inside ``submit``. The tick's hand-off is therefore: submit -> worker thread ->
+completion callback -> the item's future, with no task switch in between.
+
 Results fan out to each item's future or chunk stream. A forward that raises fails every item of
 its batch with :class:`StageBatchError`; an ``Exception`` returned for one item fails only that
 item with :class:`StageItemError`. Either way the engine keeps serving.
@@ -180,8 +189,10 @@ class StageEngine:
         self._abortable = isinstance(stage, AbortableStage)
         self._sessions: dict[str, _Session] = {}
         self._pending_count = 0
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._soon: asyncio.Handle | None = None  # a scheduling decision queued for the next iteration
+        self._timer: asyncio.TimerHandle | None = None  # the coalescing window's deadline
+        self._running: list[_Work] | None = None  # the batch of the forward in flight
+        self._idle: asyncio.Future | None = None  # resolved when that forward's outputs are out
         self._closed = False
         m = engine_metrics(registry)
         self._m_batch = m.batch_size.labels(stage=self.name)
@@ -216,12 +227,14 @@ class StageEngine:
         """Give ``session_id`` a slot (initialising the stage's state in it); idempotent."""
         if self._closed:
             raise EngineClosedError(f"stage {self.name!r} is closed")
-        self._ensure_started()
+        entry = self._sessions.get(session_id)
+        if entry is not None and entry.slot.status == "open":  # every tick of an open session
+            return entry.slot
         slot = await self.slots.open(session_id)
         if session_id not in self._sessions:
             self._sessions[session_id] = _Session(slot)
         self._update_slot_gauges()
-        self._wake.set()
+        self._kick()
         return slot
 
     async def release(self, session_id: str, reason: ReleaseReason = "close") -> None:
@@ -237,7 +250,7 @@ class StageEngine:
             entry.pending.clear()
             self._kill_inflight(entry, error)
             self._m_queue.set(self._pending_count)
-            self._wake.set()
+            self._kick()
         try:
             await self.slots.release(session_id)
         finally:
@@ -282,7 +295,7 @@ class StageEngine:
             buffer or self.stream_buffer,
             policy,
             on_drop=lambda _chunk: self._m_dropped.inc(),
-            on_space=self._wake.set,
+            on_space=self._kick,
             depth=self._m_channel,
         )
         sink = _Stream(session_id, epoch, channel)
@@ -322,7 +335,7 @@ class StageEngine:
             self._kill_inflight(entry, StaleEpochError(session_id, inflight.epoch, epoch))
         self._m_stale.inc(dropped)
         self._m_queue.set(self._pending_count)
-        self._wake.set()
+        self._kick()
         return dropped
 
     # ----------------------------------------------------------------- shutdown
@@ -334,9 +347,12 @@ class StageEngine:
         self._closed = True
         error = EngineClosedError(f"stage {self.name!r} is shutting down")
         self._fail_pending(error)
-        self._wake.set()
-        if self._task is not None:
-            await self._task
+        for handle in (self._soon, self._timer):
+            if handle is not None:
+                handle.cancel()
+        self._soon = self._timer = None
+        if self._idle is not None:
+            await asyncio.shield(self._idle)  # the forward in flight finishes and fans out
         self._fail_pending(error)  # continuations queued by the last forward
         for slot in list(self.slots):
             try:
@@ -355,10 +371,6 @@ class StageEngine:
             entry.pending.clear()
         self._pending_count = 0
         self._m_queue.set(0)
-
-    def _ensure_started(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._schedule(), name=f"engine-{self.name}")
 
     def _enqueue(
         self,
@@ -385,7 +397,10 @@ class StageEngine:
         entry.pending.append(_Work(session_id, epoch, payload, seq, last, 0, loop.time(), future, stream))
         self._pending_count += 1
         self._m_queue.set(self._pending_count)
-        self._wake.set()
+        if self._running is None and self._all_submitted():
+            self._dispatch()  # waiting cannot grow the batch: skip the round through the loop
+        else:
+            self._kick()
 
     def _kill_inflight(self, entry: _Session, error: BaseException) -> None:
         work = entry.inflight
@@ -412,7 +427,7 @@ class StageEngine:
         self._m_queue.set(self._pending_count)
         if entry.inflight is not None and entry.inflight.stream is sink:
             self._kill_inflight(entry, error)
-        self._wake.set()
+        self._kick()
 
     def _ready(self) -> tuple[list[_Work], int]:
         """Heads of the sessions' queues that can run now (oldest first) and sessions with work."""
@@ -427,24 +442,61 @@ class StageEngine:
         ready.sort(key=lambda w: w.arrived)
         return ready, waiting_sessions
 
-    async def _next_batch(self) -> list[_Work] | None:
+    def _all_submitted(self) -> bool:
+        """At most ``eager_remaining`` open sessions have nothing pending (the eager-dispatch rule)."""
+        idle = 0
+        for entry in self._sessions.values():
+            if not entry.pending:
+                idle += 1
+                if idle > self.eager_remaining:
+                    return False
+        return True
+
+    def _kick(self) -> None:
+        """Ask for a scheduling decision at the next loop iteration (at most one queued)."""
+        if self._soon is None and self._running is None and not self._closed:
+            self._soon = asyncio.get_running_loop().call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        """Decide: start a forward now, wait for the oldest ready item's deadline, or do nothing."""
+        for handle in (self._soon, self._timer):
+            if handle is not None:
+                handle.cancel()  # superseded by this decision (cancelling the running one is a no-op)
+        self._soon = self._timer = None
+        if self._running is not None or self._closed:
+            return  # the forward's completion decides again
+        ready, waiting_sessions = self._ready()
+        if not ready:
+            return
         loop = asyncio.get_running_loop()
-        while not self._closed:
-            self._wake.clear()
-            ready, waiting_sessions = self._ready()
-            timeout = None
-            if ready:
-                idle_sessions = len(self._sessions) - waiting_sessions
-                deadline = ready[0].arrived + self.coalesce_window_s
-                now = loop.time()
-                if len(ready) >= self.max_batch or idle_sessions <= self.eager_remaining or now >= deadline:
-                    return self._take(ready[: self.max_batch])
-                timeout = deadline - now
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
-        return None
+        idle_sessions = len(self._sessions) - waiting_sessions
+        deadline = ready[0].arrived + self.coalesce_window_s
+        if len(ready) < self.max_batch and idle_sessions > self.eager_remaining and loop.time() < deadline:
+            self._timer = loop.call_at(deadline, self._dispatch)
+            return
+        batch = self._take(ready[: self.max_batch])
+        items = []
+        for work in batch:
+            slot = self._sessions[work.session_id].slot
+            items.append(
+                StageItem(
+                    work.session_id,
+                    work.epoch,
+                    work.payload,
+                    work.seq,
+                    work.step,
+                    work.last,
+                    slot.index,
+                    slot.state,
+                )
+            )
+        self._m_batch.observe(len(batch))
+        self._running = batch
+        self._idle = loop.create_future()
+        try:
+            self.worker.post(self._forward, (items,), self._finished)
+        except BaseException as exc:  # the worker itself is closed
+            self._finished((None, exc, 0.0), None)
 
     def _take(self, batch: list[_Work]) -> list[_Work]:
         for work in batch:
@@ -466,39 +518,26 @@ class StageEngine:
         except Exception as exc:
             return None, exc, time.perf_counter() - start
 
-    async def _schedule(self) -> None:
-        while True:
-            batch = await self._next_batch()
-            if batch is None:
-                return
-            items = []
+    def _finished(
+        self,
+        outcome: tuple[Sequence[Any] | None, BaseException | None, float] | None,
+        failed: BaseException | None,
+    ) -> None:
+        """On the loop, once the worker ran :meth:`_forward`: fan out, then decide the next batch."""
+        batch, idle = self._running, self._idle
+        assert batch is not None and idle is not None
+        outputs, error, seconds = outcome if failed is None else (None, failed, 0.0)
+        self._m_forward.observe(seconds)
+        try:
+            self._fan_out(batch, outputs, error)
+        except Exception:  # a bug here must not kill the engine for every session
+            log.exception("engine fan-out failed", extra={"stage": self.name})
             for work in batch:
-                slot = self._sessions[work.session_id].slot
-                items.append(
-                    StageItem(
-                        work.session_id,
-                        work.epoch,
-                        work.payload,
-                        work.seq,
-                        work.step,
-                        work.last,
-                        slot.index,
-                        slot.state,
-                    )
-                )
-            self._m_batch.observe(len(batch))
-            try:
-                outputs, error, seconds = await self.worker.run(self._forward, items)
-            except BaseException as exc:  # the worker itself failed (closed, interpreter exit)
-                outputs, error, seconds = None, exc, 0.0
-            del items
-            self._m_forward.observe(seconds)
-            try:
-                self._fan_out(batch, outputs, error)
-            except Exception:  # a bug here must not kill the engine for every session
-                log.exception("engine fan-out failed", extra={"stage": self.name})
-                for work in batch:
-                    work.fail(EngineError("internal engine error"))
+                work.fail(EngineError("internal engine error"))
+        finally:
+            self._running = self._idle = None
+            idle.set_result(None)
+        self._dispatch()
 
     def _fan_out(
         self, batch: list[_Work], outputs: Sequence[Any] | None, error: BaseException | None

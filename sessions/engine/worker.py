@@ -1,5 +1,10 @@
 """A dedicated worker thread per device: where model forwards run, never on the event loop.
 
+Hand-off cost matters (it sits on every tick's round trip): a job is one ``SimpleQueue.put``
+(the thread blocks in the C-level ``get``, no polling), and its outcome comes back with one
+``loop.call_soon_threadsafe``. ``post(fn, args, on_done)`` calls ``on_done(result, error)`` on
+the loop with nothing in between; ``await run(fn, *args)`` wraps it in a future.
+
 Jobs run one at a time in submission order, so slot initialisation and release are serialized
 with forwards. On a CUDA device the thread owns its own CUDA stream; every job runs under that
 stream and synchronises it before its result is handed back, so consumers on other streams or
@@ -18,14 +23,19 @@ from typing import Any
 
 from sessions.engine.errors import EngineClosedError
 
+Done = Callable[[Any, BaseException | None], None]
 
-def _resolve(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if fut.done():  # the awaiting caller was cancelled
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)
+
+def _resolver(fut: asyncio.Future) -> Done:
+    def resolve(result: Any, error: BaseException | None) -> None:
+        if fut.done():  # the awaiting caller was cancelled
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    return resolve
 
 
 class DeviceWorker:
@@ -59,7 +69,8 @@ class DeviceWorker:
                 job = self._jobs.get()
                 if job is None:
                     return
-                loop, fut, fn, args = job
+                loop, on_done, fn, args = job
+                job = None
                 result, error = None, None
                 try:
                     result = fn(*args)
@@ -67,16 +78,26 @@ class DeviceWorker:
                         stream.synchronize()
                 except BaseException as exc:  # handed to the awaiting coroutine, never lost
                     error = exc
+                fn = args = None  # hold no batch inputs while idle
+                # Signal last, then block in get() at once: the loop thread, woken by this
+                # call, should not have to wait for this thread to drop the GIL.
                 with contextlib.suppress(RuntimeError):  # loop already closed at interpreter exit
-                    loop.call_soon_threadsafe(_resolve, fut, result, error)
+                    loop.call_soon_threadsafe(on_done, result, error)
+                on_done = result = error = None
+
+    def post(self, fn: Callable[..., Any], args: tuple, on_done: Done) -> None:
+        """Queue ``fn(*args)``; ``on_done(result, error)`` then runs on the calling event loop.
+
+        Must be called on the event loop thread; raises :class:`EngineClosedError` once closed.
+        """
+        if self._closed:
+            raise EngineClosedError(f"worker for {self.device} is closed")
+        self._jobs.put((asyncio.get_running_loop(), on_done, fn, args))
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the worker thread and await its result (or exception)."""
-        if self._closed:
-            raise EngineClosedError(f"worker for {self.device} is closed")
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._jobs.put((loop, fut, fn, args))
+        fut = asyncio.get_running_loop().create_future()
+        self.post(fn, args, _resolver(fut))
         return await fut
 
     async def close(self, timeout_s: float = 30.0) -> None:
