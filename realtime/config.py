@@ -121,6 +121,7 @@ class RobotConfig:
     max_batch: PositiveInt = 8
     coalesce_window_s: NonNegativeFloat = 0.02
     torch_threads: NonNegativeInt = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 @dataclass(frozen=True)
