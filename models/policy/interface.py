@@ -80,6 +80,7 @@ class PolicyState(Protocol):
 
 class Policy(Protocol):
     spec: PolicySpec
+    device: str  # torch device of the weights and forwards ("cpu", "cuda:0"); the stage's worker device
 
     def prepare(self, observation: Mapping[str, Any]) -> Any: ...
 

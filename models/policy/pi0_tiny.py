@@ -16,6 +16,9 @@ Action expert (run 10 times per tick):
     -> velocity v = noise - action
 Flow matching, openpi's convention: x_1 = noise, x_{t+dt} = x_t + dt * v(x_t, t), dt = -1/10.
 
+Device: ``Pi0TinyPolicy(device=...)`` holds the weights there and runs the forward there (batches
+are collated on the host, then copied once); the returned chunks are host numpy arrays.
+
 Everything is seeded: weights from ``config.seed``, the starting noise is one fixed
 ``[H, D]`` tensor from the same seed, so an observation always maps to the same chunk, whatever
 else shares its batch (up to float rounding).
@@ -99,7 +102,7 @@ class Layer(nn.Module):
 
 def sinusoidal(t: torch.Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> torch.Tensor:
     """openpi's ``posemb_sincos`` of the flow time (periods between 4e-3 and 4)."""
-    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float32)
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float32, device=t.device)
     period = min_period * (max_period / min_period) ** fraction
     angle = t[:, None] * (2 * math.pi / period)[None, :]
     return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
@@ -107,7 +110,8 @@ def sinusoidal(t: torch.Tensor, dim: int, min_period: float = 4e-3, max_period: 
 
 def attention_bias(valid: torch.Tensor) -> torch.Tensor:
     """[B, K] bool (True = attend) -> additive [B, 1, 1, K] bias."""
-    return torch.zeros(valid.shape, dtype=torch.float32).masked_fill(~valid, float("-inf"))[:, None, None, :]
+    bias = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+    return bias.masked_fill(~valid, float("-inf"))[:, None, None, :]
 
 
 @dataclass
@@ -173,7 +177,7 @@ class Pi0Tiny(nn.Module):
             [
                 image_mask.repeat_interleave(self.config.n_patches, dim=1),
                 token_mask,
-                torch.ones(B, 1, dtype=torch.bool),
+                torch.ones(B, 1, dtype=torch.bool, device=image_mask.device),
             ],
             dim=1,
         )
@@ -195,7 +199,8 @@ class Pi0Tiny(nn.Module):
             buffers[0][:, :, :P] = k
             buffers[1][:, :, :P] = v
             kv.append(buffers)
-        return PrefixCache(kv, attention_bias(torch.cat([mask, torch.ones(B, H, dtype=torch.bool)], dim=1)))
+        action_keys = torch.ones(B, H, dtype=torch.bool, device=mask.device)
+        return PrefixCache(kv, attention_bias(torch.cat([mask, action_keys], dim=1)))
 
     def velocity(self, cache: PrefixCache, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The action expert: v(x_t, t) given the cached prefix (one Euler step's model call)."""
@@ -214,7 +219,7 @@ class Pi0Tiny(nn.Module):
         x = self.noise.expand(B, -1, -1).clone()
         for i in range(steps):
             t = 1.0 - i / steps
-            t_vec = torch.full((B,), t)
+            t_vec = torch.full((B,), t, device=x.device)
             if guide is None:
                 v = self.velocity(cache, x, t_vec)
             else:
@@ -241,8 +246,10 @@ class Pi0Batch:
     token_mask: torch.Tensor  # [B, L] bool
     state: torch.Tensor  # [B, S]
 
-    def as_args(self) -> tuple[torch.Tensor, ...]:
-        return self.images, self.image_mask, self.tokens, self.token_mask, self.state
+    def as_args(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        """The model's arguments on ``device`` (one host-to-device copy each; none on the CPU)."""
+        tensors = (self.images, self.image_mask, self.tokens, self.token_mask, self.state)
+        return tuple(t.to(device, non_blocking=True) for t in tensors)
 
 
 def resize_with_pad(image: np.ndarray, size: int) -> np.ndarray:
@@ -265,17 +272,23 @@ class Pi0TinyPolicy:
     ``preset=None`` auto-detects the observation layout per observation and returns the model's
     full ``[50, 32]`` chunk; a fixed preset (``"libero"``, ``"droid"``, ``"aloha"``, ``"pi0"``)
     accepts only that layout and returns the robot's action dims (openpi's ``*Outputs`` slice).
+    ``device`` is a torch device string (``"cpu"``, ``"cuda:0"``) for the weights and forwards.
     """
 
     def __init__(
-        self, config: Pi0TinyConfig | None = None, preset: str | None = None, default_prompt: str = ""
+        self,
+        config: Pi0TinyConfig | None = None,
+        preset: str | None = None,
+        default_prompt: str = "",
+        device: str = "cpu",
     ) -> None:
         self.config = config or Pi0TinyConfig()
+        self.device = device
         if preset is not None and preset not in presets.PRESETS:
             raise ValueError(f"unknown observation preset {preset!r} (known: {sorted(presets.PRESETS)})")
         self.preset = presets.PRESETS[preset] if preset else None
         self.default_prompt = default_prompt
-        self.model = Pi0Tiny(self.config)
+        self.model = Pi0Tiny(self.config).to(device)  # built on the host: same seeded weights anywhere
         c = self.config
         shown = [self.preset] if self.preset else list(presets.PRESETS.values())
         self.spec = PolicySpec(
@@ -342,8 +355,8 @@ class Pi0TinyPolicy:
             return []
         model = self.model
         with torch.no_grad():
-            cache = model.prefix_cache(*model.embed_prefix(*self.collate(batch).as_args()))
-        chunks = model.sample(cache, self._guide(snapshots))[:, :, : self.spec.action_dim].numpy()
+            cache = model.prefix_cache(*model.embed_prefix(*self.collate(batch).as_args(model.noise.device)))
+        chunks = model.sample(cache, self._guide(snapshots))[:, :, : self.spec.action_dim].cpu().numpy()
         out = []
         for chunk, snap in zip(chunks, snapshots, strict=True):
             if snap is not None:  # frozen actions execute from the previous chunk: make that exact
@@ -364,7 +377,8 @@ class Pi0TinyPolicy:
                 target[i, :, :dims] = torch.from_numpy(snap.target)
                 weights[i, :, :dims] = torch.from_numpy(snap.weights)[:, None]
                 max_weight[i] = snap.max_guidance_weight
-        return target, weights, max_weight
+        device = self.model.noise.device
+        return target.to(device), weights.to(device), max_weight.to(device)
 
 
 class Pi0SessionState(RTCState):

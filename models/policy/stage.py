@@ -34,10 +34,12 @@ class PolicyChunk:
 
 
 class PolicyStage:
-    def __init__(self, policy: Policy, name: str = "policy", device: str = "cpu") -> None:
+    """``device`` defaults to the policy's, so the engine's worker thread runs on that device's stream."""
+
+    def __init__(self, policy: Policy, name: str = "policy", device: str | None = None) -> None:
         self.policy = policy
         self.name = name
-        self.device = device
+        self.device = device or getattr(policy, "device", "cpu")
 
     def forward(self, items: Sequence[StageItem]) -> list[PolicyChunk]:
         start = time.perf_counter()

@@ -18,6 +18,8 @@ HORIZON, ACTION_DIM, STATE_DIM, MAX_CAMERAS = 50, 32, 32, 3
 
 
 class ZerosPolicy:
+    device = "cpu"  # nothing to compute: its stage never needs an accelerator
+
     def __init__(self, preset: str | None = None, default_prompt: str = "") -> None:
         self.preset = presets.PRESETS[preset] if preset else None
         self.default_prompt = default_prompt

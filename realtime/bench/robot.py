@@ -11,6 +11,10 @@ count. Clients are the real ``openpi_client.WebsocketClientPolicy`` on threads o
 (b) Throughput: 8 concurrent clients with the embedded pi0-tiny policy for a fixed time. Goal:
     aggregate chunks/s >= 3x openpi-server's with lower p99 latency.
 
+``--device`` (``auto``, ``cpu`` or ``cuda``) is ``robot.device`` for both servers' pi0-tiny (the
+trivial policy of (a) always runs on the CPU). On a GPU machine, one run of the defaults takes
+about a minute: ``realtime bench robot --device cuda``.
+
 The last line is JSON: ``overhead_ratio_libero``, ``overhead_ratio_aloha`` (ours / peer p50
 round trip) and ``throughput_ratio_8`` (ours / peer chunks/s), plus the raw figures.
 """
@@ -87,6 +91,7 @@ def _process(args: list[str], ready_url: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def ours(policy: str, threads: int, robot: Mapping[str, Any] | None = None) -> Iterator[str]:
+    """Our server (``realtime serve``) in a child process; ``robot`` overrides robot config fields."""
     port = _free_port()
     config = {
         "server": {"log_level": "warning"},
@@ -108,15 +113,15 @@ def ours(policy: str, threads: int, robot: Mapping[str, Any] | None = None) -> I
 
 
 @contextlib.contextmanager
-def peer(policy: str, threads: int) -> Iterator[str]:
+def peer(policy: str, threads: int, device: str = "auto") -> Iterator[str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "realtime.bench.robot", "--serve-peer", policy, "--port", str(port)]
-    cmd += ["--torch-threads", str(threads)]
+    cmd += ["--torch-threads", str(threads), "--device", device]
     with _process(cmd, f"http://127.0.0.1:{port}/healthz"):
         yield f"ws://127.0.0.1:{port}"
 
 
-def serve_peer(policy: str, port: int, threads: int) -> int:
+def serve_peer(policy: str, port: int, threads: int, device: str) -> int:
     """Child process: openpi-server 0.1.0 serving our policy object."""
     import torch
     from openpi_server import WebsocketPolicyServer
@@ -125,7 +130,7 @@ def serve_peer(policy: str, port: int, threads: int) -> int:
     from realtime.kinds.robot import build_policy, handshake_metadata
 
     torch.set_num_threads(threads)
-    config = RobotConfig(policy=policy)
+    config = RobotConfig(policy=policy, device=device)
     built = build_policy(config)
     built.warmup(1)
     server = WebsocketPolicyServer(
@@ -216,6 +221,16 @@ def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[floa
     return len(flat) / elapsed, flat, timings
 
 
+def _describe_device(name: str) -> str:
+    import torch
+
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise SystemExit("realtime bench robot: --device cuda, but torch finds no CUDA device")
+    return torch.cuda.get_device_name()
+
+
 def _ms(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1000.0, q))
 
@@ -227,6 +242,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="robot.device of pi0-tiny in (b), for both servers (default auto: CUDA when available)",
+    )
+    parser.add_argument(
         "--coalesce-window-s",
         type=float,
         help="robot.coalesce_window_s for ours in (b) (default: the config's)",
@@ -235,12 +256,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_peer:
-        return serve_peer(args.serve_peer, args.port, args.torch_threads)
+        return serve_peer(args.serve_peer, args.port, args.torch_threads, args.device)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     threads = args.torch_threads
+    device = _describe_device(args.device)
     print(
         f"robot bench: ours (realtime serve) vs openpi-server 0.1.0, same policy objects, loopback, "
-        f"torch threads={threads}, cpu count={os.cpu_count()}"
+        f"torch threads={threads}, cpu count={os.cpu_count()}, pi0-tiny device={device}"
     )
     results: dict[str, Any] = {}
     with ours("zeros", threads) as url_ours, peer("zeros", threads) as url_peer:
@@ -262,10 +284,12 @@ def main(argv: list[str]) -> int:
     print(f"(b) {args.clients} concurrent clients, pi0-tiny, {args.seconds:g} s each")
     print(f"{'server':<14} {'chunks/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'forward ms':>11} {'mean batch':>11}")
     figures = {}
-    window = {} if args.coalesce_window_s is None else {"coalesce_window_s": args.coalesce_window_s}
+    robot = {"device": args.device}
+    if args.coalesce_window_s is not None:
+        robot["coalesce_window_s"] = args.coalesce_window_s
     servers = (
-        ("peer", lambda: peer("pi0-tiny", threads)),
-        ("ours", lambda: ours("pi0-tiny", threads, window)),
+        ("peer", lambda: peer("pi0-tiny", threads, args.device)),
+        ("ours", lambda: ours("pi0-tiny", threads, robot)),
     )
     for who, serve in servers:
         with serve() as url:
@@ -285,6 +309,7 @@ def main(argv: list[str]) -> int:
         f"(goal <= 1.1); throughput at {args.clients} clients {results['throughput_ratio_8']}x (goal >= 3) "
         f"with p99 {results['p99_ms_8']['ours']} vs {results['p99_ms_8']['peer']} ms"
     )
+    results["device"] = device
     print(json.dumps(results))
     return 0
 

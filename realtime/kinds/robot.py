@@ -61,12 +61,27 @@ _CLOSE_REASONS = {
 }
 
 
+def resolve_device(name: str) -> str:
+    """``robot.device`` -> a torch device string: ``auto`` is ``cuda:<current>`` when CUDA is
+    available, else ``cpu``; ``cuda`` without a usable device raises a one-line RuntimeError."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"robot.device is {name!r} but torch finds no CUDA device")
+    return f"cuda:{torch.cuda.current_device()}"
+
+
 def build_policy(config: RobotConfig) -> Policy:
-    """The policy ``robot.policy`` names, with its observation preset and seed."""
+    """The policy ``robot.policy`` names, with its observation preset, seed and device."""
     preset = None if config.observation_preset == "auto" else config.observation_preset
     if config.policy == "zeros":
         return ZerosPolicy(preset=preset, default_prompt=config.default_prompt)
-    return Pi0TinyPolicy(Pi0TinyConfig(seed=config.seed), preset=preset, default_prompt=config.default_prompt)
+    return Pi0TinyPolicy(
+        Pi0TinyConfig(seed=config.seed),
+        preset=preset,
+        default_prompt=config.default_prompt,
+        device=resolve_device(config.device),
+    )
 
 
 def handshake_metadata(policy: Policy, config: RobotConfig) -> dict[str, Any]:
@@ -133,6 +148,7 @@ class RobotService:
         progress("warm up", 1, 2)
         self.policy.warmup(cfg.max_batch)
         self.metadata = handshake_metadata(self.policy, cfg)
+        log.info("robot policy loaded", extra={"policy": cfg.policy, "device": self.policy.device})
         progress("ready", 2, 2)
 
     async def start(self) -> None:

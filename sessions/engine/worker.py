@@ -58,12 +58,18 @@ class DeviceWorker:
         import torch
 
         device = torch.device(self.device)
+        if device.index is None:  # "cuda" means the current device, as in torch
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)  # per thread: default allocations land on this device
         stream = torch.cuda.Stream(device=device)
         return torch.cuda.stream(stream), stream
 
     def _loop(self) -> None:
-        context, stream = self._stream_context()
+        try:
+            context, stream = self._stream_context()
+        except BaseException as exc:  # e.g. no such device: every job fails with it, none hangs
+            self._fail_jobs(exc)
+            return
         with context:
             while True:
                 job = self._jobs.get()
@@ -84,6 +90,12 @@ class DeviceWorker:
                 with contextlib.suppress(RuntimeError):  # loop already closed at interpreter exit
                     loop.call_soon_threadsafe(on_done, result, error)
                 on_done = result = error = None
+
+    def _fail_jobs(self, error: BaseException) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, on_done = job[0], job[1]
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(on_done, None, error)
 
     def post(self, fn: Callable[..., Any], args: tuple, on_done: Done) -> None:
         """Queue ``fn(*args)``; ``on_done(result, error)`` then runs on the calling event loop.

@@ -35,7 +35,10 @@ def in_client_thread(fn, *args, **kwargs):
 
 @pytest.fixture(scope="module")
 async def server():
-    config = config_from_mapping({"robot": {"enabled": True, "max_message_bytes": LIMIT}})
+    # device cpu: answers are compared with a CPU reference policy at 1e-4 (tests/robot/test_device.py
+    # covers CUDA serving with a tolerance for TF32 convolutions)
+    robot = {"enabled": True, "max_message_bytes": LIMIT, "device": "cpu"}
+    config = config_from_mapping({"robot": robot})
     async with serve_in_process(config) as (url, srv):
         yield url.replace("http://", "ws://"), srv.rt_app.state.rt.kinds[0], config
 

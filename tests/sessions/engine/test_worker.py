@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
+import torch
 
 from sessions.engine import DeviceWorker, EngineClosedError
 from tests.sessions.engine.stages import RecordingStage
@@ -46,4 +48,13 @@ async def test_a_cuda_worker_runs_on_its_own_stream():
     worker = DeviceWorker("cuda:0")
     stream = await worker.run(torch.cuda.current_stream)
     assert stream != torch.cuda.default_stream(torch.device("cuda:0"))
+    await worker.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+async def test_a_worker_whose_device_cannot_start_fails_jobs_instead_of_hanging():
+    worker = DeviceWorker("cuda")
+    with pytest.raises(BaseException) as caught:
+        await asyncio.wait_for(worker.run(lambda: 1), timeout=10)
+    assert not isinstance(caught.value, TimeoutError)
     await worker.close()
