@@ -6,8 +6,9 @@
             print(chunk.metadata["chunk_index"], len(chunk.frames))
 
 ``frames()`` yields :class:`WorldChunk` (the ``chunk.metadata`` plus decoded ``uint8 [H, W, 3]``
-frames, JPEG or fMP4 decoded off the event loop); other server messages (acks, errors, pongs)
-go to ``messages`` (a bounded queue, oldest dropped). ``send_keys`` / ``send_mouse`` /
+frames, JPEG or fMP4 decoded off the event loop, in order: fMP4 chunks continue one H.264
+stream); other server messages (acks, errors, pongs) go to ``messages`` (a bounded queue,
+oldest dropped). ``send_keys`` / ``send_mouse`` /
 ``set_prompt`` send ``session.event`` with increasing ``event_id`` and the client timestamp.
 """
 
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 import websockets
 
-from realtime.media.video import decode_fmp4, decode_jpeg_batch
+from realtime.media.video import Fmp4Decoder, decode_jpeg_batch
 
 
 @dataclass
@@ -41,6 +42,7 @@ class WorldClient:
         self.capabilities: dict[str, Any] = created["capabilities"]
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue(256)
         self._event_id = 0
+        self._fmp4 = Fmp4Decoder()  # one H.264 stream; a chunk with an init segment restarts it
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -106,7 +108,7 @@ class WorldClient:
                         return
                     continue
                 media = await self.ws.recv()
-                decode = decode_fmp4 if data["format"] == "fmp4" else decode_jpeg_batch
+                decode = self._fmp4.decode if data["format"] == "fmp4" else decode_jpeg_batch
                 yield WorldChunk(data, await asyncio.to_thread(decode, media))
         except websockets.ConnectionClosed:
             return

@@ -41,7 +41,7 @@ from models.world.vae import decoder_state_bytes
 from realtime.auth import api_key_ok
 from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan
-from realtime.media.video import encode_fmp4, encode_jpeg_batch
+from realtime.media.video import Fmp4Encoder, encode_jpeg_batch
 from realtime.protocols import world as proto
 from sessions.capacity import MemoryDeclaration
 from sessions.engine import StageEngine
@@ -295,6 +295,9 @@ class _Connection:
         self.closing: tuple[int, str] | None = None
         self.reader_done = asyncio.Event()
         self.chunk_slots = asyncio.Semaphore(wc.max_ahead_blocks)  # chunks generated but not yet sent
+        self.fmp4: Fmp4Encoder | None = None  # this generation's H.264 stream (fmp4 format)
+        self.fmp4_generation = -1
+        self.last_encode: asyncio.Future | None = None  # encodes run one at a time, in chunk order
 
     async def run(self) -> None:
         bad = proto.check_version(self.ws.query_params.get("protocol_version"))
@@ -461,14 +464,25 @@ class _Connection:
         self.frames_out += len(frames)
         if self.clock_t0 is None:
             self.clock_t0 = time.monotonic()
-        t0 = time.perf_counter()
+        if start.format == "fmp4" and self.fmp4_generation != generation:
+            # a new stream (init segment, keyframe, decode time 0) per session start and reset
+            self.fmp4 = Fmp4Encoder(frames.shape[2], frames.shape[1], start.fps)
+            self.fmp4_generation = generation
+        fmp4 = self.fmp4 if start.format == "fmp4" else None
 
-        def encode() -> tuple[bytes, float]:
-            if start.format == "fmp4":
-                data = encode_fmp4(frames, start.fps, first)
+        def encode() -> tuple[bytes, int, float]:
+            t0 = time.perf_counter()
+            if fmp4 is not None:
+                init, fragment = fmp4.encode(frames)
+                data = init + fragment
             else:
-                data = encode_jpeg_batch(frames, wc.jpeg_quality)
-            return data, (time.perf_counter() - t0) * 1000.0
+                init, data = b"", encode_jpeg_batch(frames, wc.jpeg_quality)
+            return data, len(init), (time.perf_counter() - t0) * 1000.0
+
+        async def encode_after(previous: asyncio.Future | None) -> tuple[bytes, int, float]:
+            if previous is not None:
+                await asyncio.wait({previous})  # its outcome is its own chunk's business
+            return await asyncio.to_thread(encode)
 
         meta = {
             **identity,
@@ -485,7 +499,8 @@ class _Connection:
                 "batch_size": chunk.output.batch_size,
             },
         }
-        return _ChunkOut(generation, meta, asyncio.ensure_future(asyncio.to_thread(encode)))
+        self.last_encode = asyncio.ensure_future(encode_after(self.last_encode))
+        return _ChunkOut(generation, meta, self.last_encode)
 
     async def _write(self) -> None:
         while True:
@@ -503,10 +518,10 @@ class _Connection:
         if isinstance(item, str):
             await self.ws.send_text(item)
             return
-        data, encode_ms = await item.media
+        data, init_bytes, encode_ms = await item.media
         if item.generation != self.generation:
             return  # superseded by a reset or close: never shown
-        meta = {**item.metadata, "byte_length": len(data)}
+        meta = {**item.metadata, "byte_length": len(data), "init_segment_bytes": init_bytes}
         meta["timing"] = {**meta["timing"], "encode_ms": encode_ms}
         await self.ws.send_text(proto.render_chunk_metadata(meta))
         await self.ws.send_bytes(data)

@@ -3,26 +3,28 @@
 - ``encode_jpeg_batch(frames, quality)``: ``[u32 LE count]`` then per frame ``[u32 LE length][JPEG]``
   (the length-prefixed batch of Biome's binary envelope, without its JSON header: our header is
   the ``chunk.metadata`` text frame sent just before).
-- ``encode_fmp4(frames, fps, first_frame)``: one self-contained fragmented MP4 per chunk
-  (``ftyp`` + ``moov`` init segment, then ``moof``/``mdat``), H.264 from libx264 with
-  ``preset=ultrafast, tune=zerolatency``, ``yuv420p``, the chunk's first frame a keyframe and
-  timestamps continuing from ``first_frame`` (time base 1/fps), so a player can append chunks in
-  order (vllm-omni's ``/v1/realtime/video`` m4s settings; FastVideo's fMP4-over-WS transport).
-- ``decode_jpeg_batch`` / ``decode_fmp4`` are the inverse (clients and tests).
+- :class:`Fmp4Encoder`: one session's continuing H.264 stream (libx264 ``preset=ultrafast,
+  tune=zerolatency``, ``yuv420p``) as fragmented MP4 for Media Source Extensions: the init segment
+  (``ftyp`` + ``moov``) once, then bare ``moof``/``mdat`` fragments per chunk (FastVideo's
+  fMP4-over-WS transport; vllm-omni's ``/v1/realtime/video`` m4s settings).
+- ``decode_jpeg_batch`` / :class:`Fmp4Decoder` are the inverse (clients and tests).
 
-All functions are synchronous and CPU-bound: call them through ``asyncio.to_thread``.
+Everything here is synchronous and CPU-bound: call it through ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
 import io
 import struct
+from collections.abc import Iterator
 from fractions import Fraction
 
 import av
 import numpy as np
+from av.container import InputContainer
 
 MAX_BATCH_FRAMES = 4096
+TICKS_PER_FRAME = 1000  # fMP4 track timescale = fps * 1000, so decode times are exact integers
 
 
 def _rgb_frame(rgb: np.ndarray) -> av.VideoFrame:
@@ -80,26 +82,139 @@ def decode_jpeg_batch(payload: bytes) -> list[np.ndarray]:
     return frames
 
 
-def encode_fmp4(frames: np.ndarray, fps: int, first_frame: int = 0) -> bytes:
-    """H.264 fragmented MP4 of ``uint8 [T, H, W, 3]`` frames (self-contained; see module doc)."""
-    buf = io.BytesIO()
-    options = {"movflags": "frag_keyframe+empty_moov+default_base_moof"}
-    with av.open(buf, mode="w", format="mp4", options=options) as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height = frames.shape[2], frames.shape[1]
-        stream.pix_fmt = "yuv420p"
-        stream.options = {"preset": "ultrafast", "tune": "zerolatency"}
-        stream.codec_context.time_base = Fraction(1, fps)
-        for i, rgb in enumerate(frames):
-            frame = _rgb_frame(rgb)
-            frame.pts = first_frame + i
-            frame.time_base = stream.codec_context.time_base
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode(None))
-    return buf.getvalue()
+def _boxes(data: bytes, start: int = 0, end: int | None = None) -> Iterator[tuple[bytes, int, int]]:
+    """``(type, offset, size)`` of the ISO-BMFF boxes in ``data[start:end]`` (32-bit sizes)."""
+    end = len(data) if end is None else end
+    while start < end:
+        if start + 8 > end:
+            raise ValueError("truncated MP4 box header")
+        size, kind = struct.unpack_from(">I4s", data, start)
+        if size < 8 or start + size > end:
+            raise ValueError(f"bad MP4 box size {size} for {kind!r}")
+        yield kind, start, size
+        start += size
 
 
-def decode_fmp4(payload: bytes) -> list[np.ndarray]:
-    """Decode an fMP4 payload to ``uint8 [H, W, 3]`` RGB frames."""
-    with av.open(io.BytesIO(payload), mode="r", format="mp4") as container:
-        return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+def _child(data: bytes, parent: int, size: int, kind: bytes) -> list[int]:
+    """Offsets of the direct children of type ``kind`` of the box at ``parent``."""
+    return [off for k, off, _ in _boxes(data, parent + 8, parent + size) if k == kind]
+
+
+class Fmp4Encoder:
+    """One session's H.264 stream as fragmented MP4 for Media Source Extensions.
+
+    ``encode(frames)`` returns ``(init, fragment)``: the first call's ``init`` is the init segment
+    (``ftyp`` + ``moov``, ``avcC`` of this encoder), later calls return ``b""``; ``fragment`` is
+    bare ``moof`` + ``mdat`` (one per chunk, more only if x264 inserts a keyframe mid-chunk)
+    continuing the same H.264 stream: one libx264 encoder (``preset=ultrafast``,
+    ``tune=zerolatency``, no B-frames) lives as long as this object, so only the very first frame
+    is forced a keyframe. Each chunk is muxed by FFmpeg's mp4 muxer in a scratch container; the
+    ``moof`` boxes are then renumbered (``mfhd`` sequence continues) and their ``tfdt``
+    (baseMediaDecodeTime) shifted to the stream's running decode time, so the fragments append
+    to one ``SourceBuffer`` (vllm-omni's ``/v1/realtime/video`` m4s settings).
+
+    Stateful and not thread-safe: call ``encode`` from one thread at a time, in chunk order
+    (the server chains a connection's encodes on worker threads).
+    """
+
+    def __init__(self, width: int, height: int, fps: int) -> None:
+        self.width, self.height, self.fps = width, height, fps
+        self.codec = av.CodecContext.create("libx264", "w")
+        self.codec.width, self.codec.height = width, height
+        self.codec.pix_fmt = "yuv420p"
+        self.codec.time_base = Fraction(1, fps)
+        self.codec.framerate = Fraction(fps, 1)
+        self.codec.options = {"preset": "ultrafast", "tune": "zerolatency"}
+        self.frames = 0  # frames encoded so far = the next frame's pts
+        self.sequence = 0  # moof boxes emitted so far
+        self._template: InputContainer | None = None  # the init segment, read back: its stream
+
+    def encode(self, frames: np.ndarray) -> tuple[bytes, bytes]:
+        """Encode ``uint8 [T, H, W, 3]``; returns ``(init segment or b"", fragment)``."""
+        packets = []
+        for rgb in frames:
+            frame = _rgb_frame(rgb).reformat(format="yuv420p")
+            frame.pts, frame.time_base = self.frames + len(packets), self.codec.time_base
+            packets.extend(self.codec.encode(frame))
+        if len(packets) != len(frames):
+            raise RuntimeError("libx264 held frames back despite tune=zerolatency")
+        data = self._mux(packets)
+        init = b""
+        if self._template is None:
+            init = b"".join(data[o : o + n] for k, o, n in _boxes(data) if k in (b"ftyp", b"moov"))
+            self._template = av.open(io.BytesIO(init), mode="r", format="mp4")
+        base = self.frames * TICKS_PER_FRAME
+        fragment = bytearray()
+        for kind, off, size in _boxes(data):
+            if kind in (b"moof", b"mdat"):
+                start = len(fragment)
+                fragment += data[off : off + size]
+                if kind == b"moof":
+                    self._patch_moof(fragment, start, size, base)
+        self.frames += len(frames)
+        return init, bytes(fragment)
+
+    def _mux(self, packets: list[av.Packet]) -> bytes:
+        buf = io.BytesIO()
+        options = {
+            "movflags": "frag_keyframe+empty_moov+default_base_moof",
+            "video_track_timescale": str(self.fps * TICKS_PER_FRAME),
+        }
+        with av.open(buf, mode="w", format="mp4", options=options) as out:
+            if self._template is None:
+                stream = out.add_mux_stream("h264", rate=self.fps, width=self.width, height=self.height)
+            else:  # the same track (timescale, avcC) as the init segment already sent
+                stream = out.add_stream_from_template(self._template.streams.video[0])
+            for packet in packets:
+                packet.stream = stream
+                out.mux(packet)
+        return buf.getvalue()
+
+    def _patch_moof(self, data: bytearray, moof: int, size: int, base: int) -> None:
+        self.sequence += 1
+        for mfhd in _child(data, moof, size, b"mfhd"):
+            struct.pack_into(">I", data, mfhd + 12, self.sequence)
+        for traf in _child(data, moof, size, b"traf"):
+            traf_size = struct.unpack_from(">I", data, traf)[0]
+            for tfdt in _child(data, traf, traf_size, b"tfdt"):
+                fmt = ">Q" if data[tfdt + 8] == 1 else ">I"
+                struct.pack_into(fmt, data, tfdt + 12, struct.unpack_from(fmt, data, tfdt + 12)[0] + base)
+
+
+class Fmp4Decoder:
+    """Decodes the payloads of one fMP4 stream in order (clients and tests).
+
+    A payload starting with ``ftyp`` carries an init segment: it starts a new stream (a new
+    decoder). Other payloads are fragments continuing the current stream; the H.264 decoder keeps
+    its reference frames across payloads.
+    """
+
+    def __init__(self) -> None:
+        self.init: bytes | None = None
+        self.codec: av.CodecContext | None = None
+
+    def decode(self, payload: bytes) -> list[np.ndarray]:
+        """``uint8 [H, W, 3]`` RGB frames of one payload (raises ``ValueError`` when malformed)."""
+        if payload[4:8] == b"ftyp":
+            boxes = list(_boxes(payload))
+            end = max(o + n for k, o, n in boxes if k in (b"ftyp", b"moov"))
+            self.init, self.codec, payload = payload[:end], None, payload[end:]
+        if self.init is None:
+            raise ValueError("fMP4 fragment before any init segment")
+        if not payload:
+            return []
+        try:
+            with av.open(io.BytesIO(self.init + payload), mode="r", format="mp4") as container:
+                stream = container.streams.video[0]
+                if self.codec is None:
+                    self.codec = av.CodecContext.create("h264", "r")
+                    self.codec.extradata = stream.codec_context.extradata
+                    self.codec.thread_count = 1  # frame threading would delay output frames
+                return [
+                    frame.to_ndarray(format="rgb24")
+                    for packet in container.demux(stream)
+                    if packet.size
+                    for frame in self.codec.decode(packet)
+                ]
+        except av.FFmpegError as exc:
+            raise ValueError(f"malformed fMP4 payload: {exc}") from None

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 
+import av
 import numpy as np
 import pytest
 
 from realtime.media.video import (
-    decode_fmp4,
+    TICKS_PER_FRAME,
+    Fmp4Decoder,
+    Fmp4Encoder,
     decode_jpeg_batch,
-    encode_fmp4,
     encode_jpeg_batch,
     split_jpeg_batch,
 )
@@ -98,8 +101,44 @@ def test_jpeg_batch_round_trip_and_malformed_batches():
         split_jpeg_batch(struct.pack("<I", 10**6))
 
 
-def test_fmp4_round_trip_frame_count():
-    frames = np.random.default_rng(0).integers(0, 255, (8, 64, 64, 3), dtype=np.uint8)
-    payload = encode_fmp4(frames, fps=16, first_frame=40)
-    assert payload[4:8] == b"ftyp" and b"moof" in payload
-    assert len(decode_fmp4(payload)) == 8
+def _moving(n: int, start: int) -> np.ndarray:
+    """Smooth frames whose content slides right one pixel per frame (x264 codes them well)."""
+    shift = np.arange(start, start + n)[:, None, None, None]
+    columns = np.arange(64)[None, None, :, None]
+    return np.broadcast_to(np.sin((columns - shift) / 6.0) * 100 + 128, (n, 64, 64, 3)).astype(np.uint8)
+
+
+def _tfdt_and_sequence(fragment: bytes) -> tuple[int, int]:
+    """(baseMediaDecodeTime, mfhd sequence number) of a fragment's first moof."""
+    assert fragment[4:8] == b"moof"
+    sequence = struct.unpack_from(">I", fragment, 20)  # moof header 8 + mfhd header 12
+    at = fragment.index(b"tfdt") - 4
+    fmt = ">Q" if fragment[at + 8] == 1 else ">I"
+    return struct.unpack_from(fmt, fragment, at + 12)[0], sequence[0]
+
+
+def test_fmp4_init_segment_once_then_bare_fragments_of_one_h264_stream():
+    encoder, decoder = Fmp4Encoder(64, 64, fps=16), Fmp4Decoder()
+    payloads, first = [], 0
+    for i, n in enumerate((5, 8, 8)):
+        frames = _moving(n, first)
+        init, fragment = encoder.encode(frames)
+        assert (init[4:8] == b"ftyp" and b"moov" in init) if i == 0 else init == b""
+        assert fragment[4:8] == b"moof" and b"moov" not in fragment and b"ftyp" not in fragment
+        assert _tfdt_and_sequence(fragment) == (first * TICKS_PER_FRAME, i + 1)
+        decoded = decoder.decode(init + fragment)  # in order, reference frames kept across chunks
+        assert len(decoded) == n
+        assert np.abs(np.stack(decoded).astype(int) - frames).mean() < 3
+        payloads.append(init + fragment)
+        first += n
+    # what an MSE SourceBuffer sees: one file, one stream, a keyframe only at its start
+    with av.open(io.BytesIO(b"".join(payloads)), mode="r", format="mp4") as container:
+        frames = list(container.decode(video=0))
+    assert len(frames) == 21 and [f.pts for f in frames] == [i * TICKS_PER_FRAME for i in range(21)]
+    assert [f.key_frame for f in frames] == [True] + [False] * 20
+
+
+def test_fmp4_fragment_before_init_segment_is_rejected():
+    _, fragment = Fmp4Encoder(64, 64, fps=16).encode(_moving(5, 0))
+    with pytest.raises(ValueError, match="init segment"):
+        Fmp4Decoder().decode(fragment)

@@ -10,7 +10,7 @@ import pytest
 import websockets
 
 from realtime.config import config_from_mapping
-from realtime.media.video import decode_fmp4, decode_jpeg_batch
+from realtime.media.video import Fmp4Decoder, decode_jpeg_batch
 from tests.serving import serve_in_process
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
@@ -70,9 +70,11 @@ async def test_fmp4_chunks_parse_with_pyav_and_echo_applied_events(server):
         created = await _recv_json(ws, "session.created")
         caps = created["capabilities"]
         assert caps["frames_per_chunk"] == {"first": 5, "later": 8} and caps["format"] == "fmp4"
+        decoder = Fmp4Decoder()  # one H.264 stream: init segment once, then bare fragments
         meta, data = await _next_chunk(ws)
         assert meta["chunk_index"] == 0 and meta["frame_count"] == 5
-        frames = decode_fmp4(data)
+        assert data[4:8] == b"ftyp" and 0 < meta["init_segment_bytes"] < len(data)
+        frames = decoder.decode(data)
         assert len(frames) == 5 and frames[0].shape == (caps["height"], caps["width"], 3)
         keys = {"track": "keys", "schema": "world.keys.v1", "data": {"pressed": ["a"]}}
         await ws.send(
@@ -82,7 +84,8 @@ async def test_fmp4_chunks_parse_with_pyav_and_echo_applied_events(server):
         assert ack == {"type": "session.event.ack", "event_id": 1, "status": "accepted"}
         for _ in range(20):
             meta, data = await _next_chunk(ws)
-            assert len(decode_fmp4(data)) == meta["frame_count"] == 8
+            assert data[4:8] == b"moof" and meta["init_segment_bytes"] == 0
+            assert len(decoder.decode(data)) == meta["frame_count"] == 8
             if meta["applied_event_ids"]:
                 break
         assert meta["applied_event_ids"] == [1] and meta["client_ts_ms"] == 123.5
@@ -96,6 +99,8 @@ async def test_fmp4_chunks_parse_with_pyav_and_echo_applied_events(server):
         await _recv_json(ws, "session.reset_done")
         meta, data = await _next_chunk(ws)
         assert meta["chunk_index"] == 0 and meta["frame_count"] == 5
+        assert data[4:8] == b"ftyp" and meta["init_segment_bytes"] > 0  # a new stream after reset
+        assert len(decoder.decode(data)) == 5
         await ws.send(json.dumps({"type": "session.close"}))
         closed = await _recv_json(ws, "session.closed")
         assert closed["reason"] == "client_close"
@@ -156,7 +161,8 @@ async def test_jpeg_frames_decode_and_bad_input_gets_typed_errors(server):
 async def test_python_client_iterates_decoded_frames_and_sends_controls(server):
     from clients.world_client import WorldClient
 
-    async with WorldClient.connect(server.removesuffix("/v1/realtime/world"), seed=2, pacing="fast") as world:
+    base = server.removesuffix("/v1/realtime/world")
+    async with WorldClient.connect(base, seed=2, pacing="fast", format="fmp4") as world:
         sent = await world.send_keys(["arrowleft"])
         chunks = []
         async for chunk in world.frames():
@@ -166,3 +172,5 @@ async def test_python_client_iterates_decoded_frames_and_sends_controls(server):
         assert chunks[0].metadata["frame_count"] == len(chunks[0].frames) == 5
         assert chunks[-1].metadata["applied_event_ids"] == [sent]
         assert chunks[-1].frames[0].shape == (64, 64, 3)
+        assert [c.metadata["init_segment_bytes"] > 0 for c in chunks] == [True] + [False] * (len(chunks) - 1)
+        assert all(len(c.frames) == c.metadata["frame_count"] for c in chunks)
