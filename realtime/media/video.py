@@ -100,6 +100,17 @@ def _child(data: bytes, parent: int, size: int, kind: bytes) -> list[int]:
     return [off for k, off, _ in _boxes(data, parent + 8, parent + size) if k == kind]
 
 
+def _annexb_to_avcc(packet: av.Packet) -> av.Packet:
+    """The packet with its Annex B NAL units (start-code separated, as libx264 emits them)
+    rewritten as 4-byte length-prefixed units (``avc1`` samples; browsers reject start codes)."""
+    data = bytes(packet)
+    units = [u.rstrip(b"\x00") for u in data.split(b"\x00\x00\x01")]  # emulation prevention: no 0 0 1 inside
+    out = av.Packet(b"".join(struct.pack(">I", len(u)) + u for u in units if u))
+    out.pts, out.dts, out.time_base = packet.pts, packet.dts, packet.time_base
+    out.is_keyframe = packet.is_keyframe
+    return out
+
+
 class Fmp4Encoder:
     """One session's H.264 stream as fragmented MP4 for Media Source Extensions.
 
@@ -165,6 +176,8 @@ class Fmp4Encoder:
                 stream = out.add_mux_stream("h264", rate=self.fps, width=self.width, height=self.height)
             else:  # the same track (timescale, avcC) as the init segment already sent
                 stream = out.add_stream_from_template(self._template.streams.video[0])
+                # an avcC sample entry tells the muxer the samples are length-prefixed already
+                packets = [_annexb_to_avcc(p) for p in packets]
             for packet in packets:
                 packet.stream = stream
                 out.mux(packet)

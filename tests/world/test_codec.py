@@ -117,6 +117,23 @@ def _tfdt_and_sequence(fragment: bytes) -> tuple[int, int]:
     return struct.unpack_from(fmt, fragment, at + 12)[0], sequence[0]
 
 
+def _avcc_nal_types(fragment: bytes) -> list[int]:
+    """NAL unit types of a fragment's ``mdat``, read as 4-byte length-prefixed (AVCC) samples, as
+    ``avc1`` requires (browsers reject Annex B start codes there; FFmpeg tolerates them)."""
+    at = fragment.index(b"mdat") - 4
+    end = at + struct.unpack_from(">I", fragment, at)[0]
+    types, at = [], at + 8
+    while at < end:
+        (length,) = struct.unpack_from(">I", fragment, at)
+        assert 0 < length <= end - at - 4, "not length-prefixed"
+        header = fragment[at + 4]
+        assert header & 0x80 == 0 and 1 <= header & 0x1F <= 12, f"bad NAL header {header:#x}"
+        types.append(header & 0x1F)
+        at += 4 + length
+    assert at == end
+    return types
+
+
 def test_fmp4_init_segment_once_then_bare_fragments_of_one_h264_stream():
     encoder, decoder = Fmp4Encoder(64, 64, fps=16), Fmp4Decoder()
     payloads, first = [], 0
@@ -126,6 +143,8 @@ def test_fmp4_init_segment_once_then_bare_fragments_of_one_h264_stream():
         assert (init[4:8] == b"ftyp" and b"moov" in init) if i == 0 else init == b""
         assert fragment[4:8] == b"moof" and b"moov" not in fragment and b"ftyp" not in fragment
         assert _tfdt_and_sequence(fragment) == (first * TICKS_PER_FRAME, i + 1)
+        nal_types = _avcc_nal_types(fragment)
+        assert (5 in nal_types) == (i == 0) and nal_types.count(1) == (n if i else n - 1)  # IDR, then P
         decoded = decoder.decode(init + fragment)  # in order, reference frames kept across chunks
         assert len(decoded) == n
         assert np.abs(np.stack(decoded).astype(int) - frames).mean() < 3
