@@ -1,6 +1,7 @@
 """AR-diffusion world sessions over the public world protocol (docs/protocols/world.md).
 
-Route ``/v1/realtime/world?protocol_version=1``. Each connection is one session of the session
+Route ``/v1/realtime/world?protocol_version=1``; ``GET /demo/world`` serves the minimal browser
+page ``clients/web/world.html`` (package data). Each connection is one session of the session
 runtime; every tick generates one latent block through the world ``StageEngine`` (ticks of all
 sessions batch into one forward on the engine's worker thread), decodes it to frames, and the
 frames are encoded (JPEG batch or fMP4) on a worker thread while the next block denoises.
@@ -20,16 +21,20 @@ events applied in one block. Prompt changes reset the session's cross-attention 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 from prometheus_client import Counter
-from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
@@ -56,6 +61,7 @@ from sessions.tick import TickOutput, TickSnapshot
 log = logging.getLogger("realtime.world")
 
 PATH = "/v1/realtime/world"
+PAGE_PATH = "/demo/world"
 NORMAL, GOING_AWAY, POLICY_VIOLATION, INTERNAL_ERROR, TRY_AGAIN_LATER = 1000, 1001, 1008, 1011, 1013
 OUTBOUND_MESSAGES = 64  # queued text messages + chunks per connection (then the reader waits)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -134,6 +140,11 @@ class WorldExecutor:
         )
 
 
+@functools.cache
+def _page_html() -> str:
+    return resources.files("clients").joinpath("web", "world.html").read_text(encoding="utf-8")
+
+
 def resolve_model(name: str, weights: str | None) -> tuple[WorldModelConfig, Path | None]:
     """(config, weights path or None) for ``world.model`` / ``world.weights``."""
     if weights:
@@ -161,7 +172,11 @@ class WorldService:
         )
 
     def routes(self) -> list[BaseRoute]:
-        return [WebSocketRoute(PATH, self._endpoint)]
+        return [WebSocketRoute(PATH, self._endpoint), Route(PAGE_PATH, self._page, methods=["GET"])]
+
+    async def _page(self, request: Request) -> Response:
+        """The minimal browser page (``clients/web/world.html``, shipped as package data)."""
+        return HTMLResponse(_page_html())
 
     def models(self) -> list[ServedModel]:
         return [ServedModel(self.config.model, self.name, (PATH,), self.capabilities() if self.model else {})]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from importlib import resources
 
+import httpx
 import pytest
 import websockets
 
@@ -174,3 +176,12 @@ async def test_python_client_iterates_decoded_frames_and_sends_controls(server):
         assert chunks[-1].frames[0].shape == (64, 64, 3)
         assert [c.metadata["init_segment_bytes"] > 0 for c in chunks] == [True] + [False] * (len(chunks) - 1)
         assert all(len(c.frames) == c.metadata["frame_count"] for c in chunks)
+
+
+async def test_browser_page_is_served_from_the_package(server):
+    base = server.replace("ws://", "http://").removesuffix("/v1/realtime/world")
+    async with httpx.AsyncClient() as client:
+        page = await client.get(base + "/demo/world")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.text == resources.files("clients").joinpath("web", "world.html").read_text()
+    assert "/v1/realtime/world?protocol_version=1" in page.text and "MediaSource" in page.text
