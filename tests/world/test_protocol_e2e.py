@@ -29,9 +29,16 @@ def _config(**world):
 
 
 @pytest.fixture(scope="module")
-async def server():
-    async with serve_in_process(_config()) as (url, _server):
-        yield url.replace("http://", "ws://") + "/v1/realtime/world"
+async def served():
+    """(websocket URL of the world route, the running world service)."""
+    async with serve_in_process(_config()) as (url, running):
+        (world,) = running.rt_app.state.rt.kinds
+        yield url.replace("http://", "ws://") + "/v1/realtime/world", world
+
+
+@pytest.fixture(scope="module")
+async def server(served):
+    return served[0]
 
 
 async def _recv_json(ws, kind: str, timeout: float = 30.0) -> dict:
@@ -124,6 +131,8 @@ async def test_jpeg_frames_decode_and_bad_input_gets_typed_errors(server):
         while meta["chunk_index"] < 2:  # 21 frames at 1 fps: now 2 blocks (16 s) ahead, the runner waits
             meta, data = await _next_chunk(ws)
             assert len(decode_jpeg_batch(data)) == meta["frame_count"] == 8
+        with pytest.raises(TimeoutError):  # paced: block 3 waits ~5 s for the media clock
+            await _recv_json(ws, "chunk.metadata", timeout=1.0)
         cases = [
             ("{not json", "invalid_json"),
             (json.dumps({"type": "session.teleport"}), "unknown_type"),
@@ -185,3 +194,31 @@ async def test_browser_page_is_served_from_the_package(server):
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert page.text == resources.files("clients").joinpath("web", "world.html").read_text()
     assert "/v1/realtime/world?protocol_version=1" in page.text and "MediaSource" in page.text
+
+
+async def test_failed_tick_is_a_typed_error_then_nothing_until_reset(served):
+    url, world = served
+    dit = world.model.dit
+    async with websockets.connect(url + "?protocol_version=1") as ws:
+        await ws.send(json.dumps({"type": "session.start", "seed": 4, "pacing": "fast"}))
+        await _recv_json(ws, "session.created")
+        await _next_chunk(ws)
+
+        def exploding(*args, **kwargs):
+            raise RuntimeError("injected model failure")
+
+        dit.forward = exploding  # the engine's worker thread calls it for the next block
+        try:
+            err = (await _recv_json(ws, "error"))["error"]
+        finally:
+            del dit.forward
+        assert err["code"] == "tick_failed" and "session.reset" in err["message"]
+        assert "Traceback" not in err["message"]
+        with pytest.raises(TimeoutError):  # FAILED: no chunk until the client resets
+            await _recv_json(ws, "chunk.metadata", timeout=1.0)
+        await ws.send(json.dumps({"type": "session.ping", "data": "alive"}))
+        assert (await _recv_json(ws, "session.pong"))["data"] == "alive"
+        await ws.send(json.dumps({"type": "session.reset"}))
+        await _recv_json(ws, "session.reset_done")
+        meta, data = await _next_chunk(ws)
+        assert meta["chunk_index"] == 0 and len(decode_jpeg_batch(data)) == meta["frame_count"] == 5
