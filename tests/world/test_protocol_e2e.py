@@ -222,3 +222,37 @@ async def test_failed_tick_is_a_typed_error_then_nothing_until_reset(served):
         await _recv_json(ws, "session.reset_done")
         meta, data = await _next_chunk(ws)
         assert meta["chunk_index"] == 0 and len(decode_jpeg_batch(data)) == meta["frame_count"] == 5
+
+
+async def test_sessions_and_slots_return_to_zero_after_every_kind_of_ending(served):
+    url, world = served
+
+    async def started(**start) -> websockets.ClientConnection:
+        ws = await websockets.connect(url + "?protocol_version=1")
+        await ws.send(json.dumps({"type": "session.start", "pacing": "fast", **start}))
+        await _recv_json(ws, "session.created")
+        return ws
+
+    endings = []
+    for i in range(6):
+        ws = await started(seed=i, format="fmp4" if i % 2 else "jpeg")
+        await _recv_json(ws, "chunk.metadata")  # mid-chunk: its media is still to come
+        endings.append(ws)
+    assert len(world.manager) == 6 and len(world.model.pool) == 6
+    endings[0].transport.abort()  # vanish without a close frame
+    await endings[1].close()  # close frame, no session.close
+    await endings[2].send(json.dumps({"type": "session.close"}))
+    await endings[3].send(json.dumps({"type": "session.reset"}))
+    endings[3].transport.abort()  # reset then gone
+    await endings[4].send(json.dumps({"type": "session.event", "event_id": 1, "prompt": "ice"}))
+    await endings[4].close()
+    # the sixth stops reading (slow reader) and disconnects later
+    await asyncio.sleep(0.5)
+    endings[5].transport.abort()
+    await _recv_json(endings[2], "session.closed")
+    for _ in range(200):
+        if len(world.manager) == len(world.model.pool) == world.engine.active_sessions == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert (len(world.manager), len(world.model.pool), world.engine.active_sessions) == (0, 0, 0)
+    assert not world.manager.tombstones()
