@@ -6,8 +6,9 @@ Both servers run as their own processes on loopback, each serving a policy built
 count. Clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this process.
 
 (a) Round-trip overhead: one client, the trivial ``zeros`` policy, LIBERO (2x224x224x3 uint8 +
-    state + prompt) and ALOHA (4x3x224x224 uint8 + state) observations; blocks of requests
-    alternate between the servers. Goal: ours <= 1.1x openpi-server's p50 round trip.
+    state + prompt) and ALOHA (4x3x224x224 uint8 + state) observations; blocks of 10 requests
+    alternate between the servers (short blocks: load drift on a shared machine hits both
+    alike). Goal: ours <= 1.1x openpi-server's p50 round trip.
 (b) Throughput: 8 concurrent clients with the embedded pi0-tiny policy for a fixed time. Goal:
     aggregate chunks/s >= 3x openpi-server's with lower p99 latency.
 
@@ -237,7 +238,7 @@ def _ms(values: list[float], q: float) -> float:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="realtime bench robot", description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=200, help="round trips per payload and server in (a)")
+    parser.add_argument("--requests", type=int, default=400, help="round trips per payload and server in (a)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per server in (b)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--torch-threads", type=int, default=1)
@@ -251,6 +252,9 @@ def main(argv: list[str]) -> int:
         "--coalesce-window-s",
         type=float,
         help="robot.coalesce_window_s for ours in (b) (default: the config's)",
+    )
+    parser.add_argument(
+        "--max-batch", type=int, help="robot.max_batch for ours in (b) (default: the config's, 8)"
     )
     parser.add_argument("--serve-peer", choices=["zeros", "pi0-tiny"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -269,7 +273,7 @@ def main(argv: list[str]) -> int:
         print("(a) single client, trivial policy: round trip ms")
         print(f"{'payload':<8} {'server':<14} {'p50':>7} {'p90':>7} {'p99':>7} {'mean':>7}")
         for name, obs in (("libero", libero_obs(0)), ("aloha", aloha_obs(0))):
-            samples = overhead(url_ours, url_peer, obs, args.requests, blocks=4)
+            samples = overhead(url_ours, url_peer, obs, args.requests, blocks=max(1, args.requests // 10))
             for who, label in (("ours", "ours"), ("peer", "openpi-server")):
                 s = samples[who]
                 print(
@@ -287,6 +291,8 @@ def main(argv: list[str]) -> int:
     robot = {"device": args.device}
     if args.coalesce_window_s is not None:
         robot["coalesce_window_s"] = args.coalesce_window_s
+    if args.max_batch is not None:
+        robot["max_batch"] = args.max_batch
     servers = (
         ("peer", lambda: peer("pi0-tiny", threads, args.device)),
         ("ours", lambda: ours("pi0-tiny", threads, robot)),
@@ -310,6 +316,7 @@ def main(argv: list[str]) -> int:
         f"with p99 {results['p99_ms_8']['ours']} vs {results['p99_ms_8']['peer']} ms"
     )
     results["device"] = device
+    results["clients"] = args.clients
     print(json.dumps(results))
     return 0
 
