@@ -12,7 +12,8 @@ re-ropes). Frames ``f < sink`` live in the sink slots; later frames live in a ri
 session's prompt live in the same slot (reset on a prompt change).
 
 Contract:
-- ``open(session_id)`` -> slot (raises ``KVPoolFull``); ``release(session_id)`` frees it
+- ``open(session_id, slot=None)`` -> slot (raises ``KVPoolFull``); with ``slot`` the index is
+  the stage engine's (the engine owns slot allocation); ``release(session_id)`` frees it
   (idempotent); ``clear(session_id)`` empties its frames (reset).
 - ``gather(sessions, block_start)`` -> per-layer past ``(K, V)`` ``[B, R*T, H, D]`` and a key
   mask ``[B, R*T]`` of the frames visible to a block starting at ``block_start`` (per session).
@@ -120,15 +121,29 @@ class KVPool:
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._slot_of
 
-    def open(self, session_id: str) -> int:
-        if session_id in self._slot_of:
-            return self._slot_of[session_id]
-        if not self._free:
-            raise KVPoolFull(f"all {self.slots} KV slots are in use")
-        slot = self._free.pop()
+    def open(self, session_id: str, slot: int | None = None) -> int:
+        """The session's slot, emptied on first open. ``slot`` is the index an external owner
+        (the stage engine) allocated; it must be free here. ``None``: the pool picks one."""
+        if slot is None:
+            if session_id in self._slot_of:
+                return self._slot_of[session_id]
+            if not self._free:
+                raise KVPoolFull(f"all {self.slots} KV slots are in use")
+            slot = self._free.pop()
+        else:
+            if self._slot_of.get(session_id) == slot:
+                return slot
+            if slot not in self._free:
+                raise KVPoolFull(f"KV slot {slot} is held by {self.holder(slot)!r}")
+            self.release(session_id)
+            self._free.remove(slot)
         self._slot_of[session_id] = slot
         self.frame_pos[slot] = -1
         return slot
+
+    def holder(self, slot: int) -> str | None:
+        """The session holding ``slot``, if any."""
+        return next((sid for sid, index in self._slot_of.items() if index == slot), None)
 
     def release(self, session_id: str) -> None:
         slot = self._slot_of.pop(session_id, None)

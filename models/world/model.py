@@ -2,7 +2,7 @@
 
 The interface the runtime drives (through the stage engine, on a worker thread):
 
-- ``open(session_id, seed)`` / ``release(session_id)`` / ``reset(session_id)``: per-session slot
+- ``open(session_id, seed, slot)`` / ``release(session_id)`` / ``reset(session_id)``: per-session slot
   (rolling self-attention KV + prompt cross-attention KV in the pool, decoder temporal cache,
   seed, next block index);
 - ``generate(ticks)``: one latent block for each of several sessions in one batched forward
@@ -104,8 +104,17 @@ class WorldModel:
         """Resident bytes one session holds: KV slot (self + cross) plus decoder temporal cache."""
         return self.pool.geometry.bytes_per_session + self.decoder_state_bytes
 
-    def open(self, session_id: str, seed: int) -> None:
-        self.pool.open(session_id)
+    def open(self, session_id: str, seed: int, slot: int | None = None) -> None:
+        """Give the session a pool slot (``slot``: the stage engine's index) and fresh state.
+
+        The engine is the owner of slot indices: a session still holding ``slot`` here is stale
+        (the engine dropped it, e.g. after a cancelled open whose ``open_state`` still ran on the
+        worker, so no release ever came) and is released first.
+        """
+        stale = None if slot is None else self.pool.holder(slot)
+        if stale is not None and stale != session_id:
+            self.release(stale)
+        self.pool.open(session_id, slot)
         self.sessions[session_id] = _Session(seed=seed, decoder=self.decoder.init_state())
 
     def release(self, session_id: str) -> None:

@@ -5,7 +5,9 @@ one forward, commit their KV, and decode to frames. Item payload: :class:`WorldS
 result: :class:`WorldStageOutput`. A payload for block 0 starts the session's world afresh
 (``reset`` with the tick's seed), so a session reset at the runtime level needs no extra call.
 Per-session resident state lives in the model's pooled KV cache and decoder caches, keyed by
-session id; ``open_state`` / ``release_state`` run on the engine's worker thread.
+session id, in the pool slot the engine allocated (``open_state``'s ``slot``), so the engine's
+slot accounting is the only one; ``open_state`` / ``release_state`` run on the engine's worker
+thread.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class WorldStage:
         return self.model.bytes_per_session
 
     def open_state(self, session_id: str, slot: int) -> str:
-        self.model.open(session_id, seed=0)
+        self.model.open(session_id, seed=0, slot=slot)
         return session_id
 
     def release_state(self, session_id: str, slot: int, state: object) -> None:

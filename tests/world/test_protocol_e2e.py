@@ -256,3 +256,34 @@ async def test_sessions_and_slots_return_to_zero_after_every_kind_of_ending(serv
         await asyncio.sleep(0.05)
     assert (len(world.manager), len(world.model.pool), world.engine.active_sessions) == (0, 0, 0)
     assert not world.manager.tombstones()
+
+
+async def test_admission_beyond_capacity_is_a_typed_error_and_1013_and_a_freed_slot_is_reused():
+    config = config_from_mapping(
+        {
+            "robot": {"enabled": False},
+            "runtime": {"max_sessions": 2, "memory_available_bytes": 2**30},
+            "world": {"enabled": True, "torch_threads": 1, "max_batch": 2},
+        }
+    )
+    async with serve_in_process(config) as (base, _):
+        url = base.replace("http://", "ws://") + "/v1/realtime/world?protocol_version=1"
+        start = json.dumps({"type": "session.start", "pacing": "fast"})
+        first, second = websockets.connect(url), websockets.connect(url)
+        async with first as a, second as b:
+            for ws in (a, b):
+                await ws.send(start)
+                await _recv_json(ws, "session.created")
+            async with websockets.connect(url) as c:
+                await c.send(start)
+                err = (await _recv_json(c, "error"))["error"]
+                assert err["code"] == "session_limit_reached"
+                with pytest.raises(websockets.ConnectionClosed) as info:
+                    await _recv_json(c, "never")
+                assert info.value.rcvd.code == 1013
+            await a.send(json.dumps({"type": "session.close"}))
+            await _recv_json(a, "session.closed")
+            async with websockets.connect(url) as d:
+                await d.send(start)
+                await _recv_json(d, "session.created")
+                await _next_chunk(d)

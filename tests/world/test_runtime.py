@@ -9,7 +9,8 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from models.world.stage import WorldStage
+from models.world.model import WorldTick
+from models.world.stage import WorldStage, WorldStageInput
 from realtime.kinds.world import WorldControlReducer, WorldExecutor, WorldTickPayload
 from sessions.engine import StageEngine
 from sessions.errors import SessionFailedError, TickFailedError
@@ -123,4 +124,23 @@ async def test_failed_tick_fails_session_releases_state_and_reset_restarts():
     assert session.status == SessionStatus.ACTIVE and result.metadata.chunk_index == 0
     assert result.value.output.frames.shape[0] == 5
     await manager.shutdown()
+    await engine.close()
+
+
+async def test_cancelled_open_does_not_leak_a_kv_slot():
+    """The engine follows a cancelled ``open`` by dropping its slot while the worker still runs
+    ``open_state``; the KV pool follows the engine's slot indices, so the slot is reusable."""
+    stage = WorldStage(make_model(slots=1))
+    engine, _ = _runtime(stage, max_batch=1)
+    opening = asyncio.create_task(engine.open("gone"))
+    await asyncio.sleep(0)  # open_state is queued on the worker
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    await engine.open("next")
+    out = await engine.submit("next", 0, WorldStageInput(WorldTick("next", 0, None, torch.zeros(6)), 1))
+    assert out.frames.shape[0] == 5
+    assert list(stage.model.sessions) == ["next"] and len(stage.model.pool) == 1
+    await engine.release("next")
+    assert not stage.model.sessions and len(stage.model.pool) == 0
     await engine.close()
