@@ -82,7 +82,8 @@ class WorldModel:
     ) -> WorldModel:
         """Random init from ``seed`` (or ``weights``), eval mode, a pool of ``slots`` sessions."""
         torch.manual_seed(seed)
-        dit, decoder = CausalDiT(cfg), CausalDecoder(cfg)
+        with torch.device(device):  # init where the model runs: no host copy of a 2 B-param DiT
+            dit, decoder = CausalDiT(cfg), CausalDecoder(cfg)
         if weights is not None:
             load_model_weights(dit, weights, "dit.")
             load_model_weights(decoder, weights, "decoder.")
