@@ -9,8 +9,9 @@ The interface the runtime drives (through the stage engine, on a worker thread):
   (staged denoise passes + committing clean pass); ``decode(session_ids, latents)``: their frames
   (``uint8 [frames, H, W, 3]``; a session's first block gives ``1 + 4(n-1)`` frames, then ``4n``).
 
-Both are transactional per call: nothing of a session (KV, cross KV, prompt, block counter,
-decoder cache) changes unless the whole call succeeds. A tick must name the session's next block
+Both are transactional per call, and so is ``step`` (``generate`` + ``decode``, the engine's tick):
+nothing of a session (KV, cross KV, prompt, block counter, decoder cache) changes unless the whole
+call succeeds. A tick must name the session's next block
 (``WorldTick.block``), so a replayed or skipped tick is an error, never silent corruption.
 
 Prompt-change policy (``cross_attention_reset``): when a tick carries a prompt different from the
@@ -22,7 +23,7 @@ self-attention KV (the visual history) is kept, so the world continues under the
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,9 +133,29 @@ class WorldModel:
     def next_block(self, session_id: str) -> int:
         return self.sessions[session_id].next_block
 
-    @torch.no_grad()
     def generate(self, ticks: Sequence[WorldTick]) -> Tensor:
         """One latent block per tick in one batched forward; returns x0 ``[B, fpb, C, h, w]``."""
+        x0, commit = self._generate(ticks)
+        commit()
+        return x0
+
+    def decode(self, session_ids: Sequence[str], latents: Tensor) -> list[Tensor]:
+        """Frames ``uint8 [T, H, W, 3]`` (CPU) of each session's block; sessions batch by phase."""
+        frames, commit = self._decode(session_ids, latents)
+        commit()
+        return frames
+
+    def step(self, ticks: Sequence[WorldTick]) -> list[Tensor]:
+        """``generate`` then ``decode`` as one transaction: frames for each tick."""
+        x0, commit_blocks = self._generate(ticks)
+        frames, commit_decoder = self._decode([t.session_id for t in ticks], x0)
+        commit_blocks()  # commit point: nothing of any session changed before this line
+        commit_decoder()
+        return frames
+
+    @torch.no_grad()
+    def _generate(self, ticks: Sequence[WorldTick]) -> tuple[Tensor, Callable[[], None]]:
+        """x0 of each tick's block and the commit that writes its KV (nothing written before)."""
         cfg = self.cfg
         states = [self.sessions[t.session_id] for t in ticks]
         for t, s in zip(ticks, states, strict=True):
@@ -160,18 +181,20 @@ class WorldModel:
         sampler = FlowSampler(self.dit, self.pool)
         x0, past, mask = sampler.denoise(reqs, cross)
         kv = sampler.clean_pass(reqs, x0, past, mask, cross)
-        # commit point: nothing of any session changed before this line
-        self.pool.commit(ids, [r.block * cfg.frames_per_block for r in reqs], kv)
-        if changed:
-            self.pool.set_cross([ids[i] for i in changed], [(k[index], v[index]) for k, v in cross])
-        for t, s in zip(ticks, states, strict=True):
-            s.prompt = t.prompt
-            s.next_block += 1
-        return x0
+
+        def commit() -> None:
+            self.pool.commit(ids, [r.block * cfg.frames_per_block for r in reqs], kv)
+            if changed:
+                self.pool.set_cross([ids[i] for i in changed], [(k[index], v[index]) for k, v in cross])
+            for t, s in zip(ticks, states, strict=True):
+                s.prompt = t.prompt
+                s.next_block += 1
+
+        return x0, commit
 
     @torch.no_grad()
-    def decode(self, session_ids: Sequence[str], latents: Tensor) -> list[Tensor]:
-        """Frames ``uint8 [T, H, W, 3]`` (CPU) of each session's block; sessions batch by phase."""
+    def _decode(self, session_ids: Sequence[str], latents: Tensor) -> tuple[list[Tensor], Callable[[], None]]:
+        """Each session's frames and the commit that advances its decoder cache."""
         out: list[Tensor | None] = [None] * len(session_ids)
         new_states: dict[str, DecoderState] = {}
         states = [self.sessions[s].decoder for s in session_ids]
@@ -183,11 +206,10 @@ class WorldModel:
             for i, st in zip(group, split_state(state, len(group)), strict=True):
                 out[i] = (frames[group.index(i)] * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
                 new_states[session_ids[i]] = st
-        for sid, st in new_states.items():
-            self.sessions[sid].decoder = st
-            self.sessions[sid].decoded_blocks += 1
-        return out  # type: ignore[return-value]
 
-    def step(self, ticks: Sequence[WorldTick]) -> list[Tensor]:
-        """``generate`` then ``decode``: frames for each tick."""
-        return self.decode([t.session_id for t in ticks], self.generate(ticks))
+        def commit() -> None:
+            for sid, st in new_states.items():
+                self.sessions[sid].decoder = st
+                self.sessions[sid].decoded_blocks += 1
+
+        return out, commit  # type: ignore[return-value]

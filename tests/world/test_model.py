@@ -282,3 +282,23 @@ def test_resident_memory_flat_over_1000_blocks():
     resident = sorted(f for f in model.pool.frame_pos[0].tolist() if f >= 0)
     assert resident == [0, 1996, 1997, 1998, 1999]  # sink frame 0 + the 4-frame window
     assert _rss_bytes() - rss0 < 8 * 2**20
+
+
+def test_failed_decode_in_step_leaves_the_kv_uncommitted(monkeypatch):
+    """``step`` (the engine's tick) is one transaction: a decoder failure after the clean pass
+    commits nothing, so the block can be generated again."""
+    model = make_model(slots=1)
+    model.open("s", seed=1)
+    model.step([tick(model, "s", 0)])
+    before = model.pool.snapshot("s")
+
+    def exploding(*args, **kwargs):
+        raise RuntimeError("injected decode failure")
+
+    monkeypatch.setattr(model.decoder, "forward", exploding)
+    with pytest.raises(RuntimeError, match="injected"):
+        model.step([tick(model, "s", 1)])
+    assert all(torch.equal(x, y) for x, y in zip(before, model.pool.snapshot("s"), strict=True))
+    assert model.next_block("s") == 1 and model.sessions["s"].decoded_blocks == 1
+    monkeypatch.undo()
+    assert model.step([tick(model, "s", 1)])[0].shape[0] == 8
