@@ -28,6 +28,7 @@ PROTOCOL = "realtime-world"
 PROTOCOL_VERSION = 1
 FORMATS = ("jpeg", "fmp4")
 PACING = ("realtime", "fast")
+MAX_EVENT_ID = 2**53 - 1  # largest integer a JavaScript client parses exactly
 
 
 class ErrorCode(enum.StrEnum):
@@ -198,6 +199,9 @@ class ServerConnection:
         )
 
     def _event(self, raw: dict[str, Any]) -> Event:
+        event_id = raw.get("event_id")
+        if isinstance(event_id, int) and not isinstance(event_id, bool) and event_id > MAX_EVENT_ID:
+            raise _Invalid(f"event_id must be at most {MAX_EVENT_ID} (2**53 - 1, exact in JavaScript)")
         body = {k: v for k, v in raw.items() if k != "type"}
         try:
             event = SessionEvent.from_dict(body)

@@ -54,6 +54,7 @@ def test_start_defaults_and_limits():
         ('{"type":"session.start"}', "already_started"),
         ('{"type":"session.event"}', "invalid_message"),
         ('{"type":"session.event","event_id":1,"extra":1}', "invalid_message"),
+        ('{"type":"session.event","event_id":9007199254740992}', "invalid_message"),
         ('{"type":"session.event","event_id":1,"controls":[{"track":"keys","schema":"world.keys.v1","data":{}}]}', "invalid_message"),
         ('{"type":"session.event","event_id":1,"controls":[{"track":"mouse","schema":"world.mouse.v2","data":{"dx":1}}]}', "invalid_message"),
         (json.dumps({"type": "session.event", "event_id": 1, "prompt": "p" * 600}), "message_too_large"),
@@ -75,6 +76,8 @@ def test_event_parses_into_a_frozen_session_event():
         json.dumps({"type": "session.event", "event_id": 3, "controls": [keys], "client_ts_ms": 9})
     )
     assert isinstance(cmd, proto.Event) and cmd.event.event_id == 3
+    largest = _conn().receive_text(json.dumps({"type": "session.event", "event_id": 2**53 - 1}))
+    assert isinstance(largest, proto.Event)
     assert cmd.event.controls[0].data["pressed"] == ("w",)
 
 
