@@ -287,3 +287,21 @@ async def test_admission_beyond_capacity_is_a_typed_error_and_1013_and_a_freed_s
                 await d.send(start)
                 await _recv_json(d, "session.created")
                 await _next_chunk(d)
+
+
+async def test_resets_mid_generation_restart_the_stream_cleanly(server):
+    async with websockets.connect(server + "?protocol_version=1") as ws:
+        await ws.send(json.dumps({"type": "session.start", "format": "fmp4", "pacing": "fast"}))
+        await _recv_json(ws, "session.created")
+        for round_ in range(4):
+            for _ in range(round_ % 3):  # reset after 0, 1 or 2 chunks, while the next one generates
+                await _next_chunk(ws)
+            await ws.send(json.dumps({"type": "session.reset"}))
+            await _recv_json(ws, "session.reset_done")
+            decoder, expected_first = Fmp4Decoder(), 0
+            for chunk_index in range(2):  # after reset_done only the new world's chunks arrive
+                meta, data = await _next_chunk(ws)
+                assert (meta["chunk_index"], meta["first_frame_index"]) == (chunk_index, expected_first)
+                assert (meta["init_segment_bytes"] > 0) == (chunk_index == 0)
+                assert len(decoder.decode(data)) == meta["frame_count"]
+                expected_first += meta["frame_count"]
