@@ -456,6 +456,9 @@ class _Connection:
                     continue
             if not await _until(self.chunk_slots.acquire(), closed):
                 return
+            if not self.resumed.is_set():  # a reset began while waiting: tick its new world later
+                self.chunk_slots.release()
+                continue
             generation = self.generation
             try:
                 result = await session.next_tick(payload)
