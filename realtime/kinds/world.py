@@ -4,7 +4,8 @@ Route ``/v1/realtime/world?protocol_version=1``; ``GET /demo/world`` serves the 
 page ``clients/web/world.html`` (package data). Each connection is one session of the session
 runtime; every tick generates one latent block through the world ``StageEngine`` (ticks of all
 sessions batch into one forward on the engine's worker thread), decodes it to frames, and the
-frames are encoded (JPEG batch or fMP4) on a worker thread while the next block denoises.
+frames are encoded (JPEG batch, or fMP4 continuing the session's H.264 stream) on a worker thread
+while the next block denoises.
 
 Per connection: a reader task (frames -> codec commands; events are accepted or rejected at once),
 a runner task (the generation loop: pacing, ``session.next_tick``, encode hand-off) and a writer
