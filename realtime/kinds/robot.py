@@ -17,6 +17,8 @@ connection starts fresh; a different id than the previous call resets the sessio
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import time
 from dataclasses import dataclass
@@ -55,6 +57,15 @@ TRY_AGAIN_LATER = 1013
 # Frames above this are decoded on a thread; smaller ones on the loop, where decoding (~85 us per
 # MiB on the dev CPU) costs less than a thread hand-off (60-100 us) and holds the loop <= ~0.1 ms.
 OFFLOAD_DECODE_BYTES = 1 << 20
+# Observation frames are 0.3-2 MiB and each request allocates and frees several buffers of that
+# size (the websocket frame, its unmasked copy, msgpack's bin payloads). glibc's defaults hand
+# them back to the OS at once (mmap above its threshold, heap trimming above 2x it), so every
+# request page-faults them in again: ~30% of the server's CPU per request at ALOHA size. The
+# robot kind raises both thresholds (process-wide, at load): frames up to MMAP bytes reuse heap
+# memory, and up to TRIM bytes of freed heap stay mapped.
+MALLOC_MMAP_THRESHOLD_BYTES = 8 << 20
+MALLOC_TRIM_THRESHOLD_BYTES = 64 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 _CLOSE_REASONS = {
     "idle": "idle timeout: no request for {idle:g} s",
     "lifetime": "maximum session lifetime reached",
@@ -71,6 +82,18 @@ def resolve_device(name: str) -> str:
     if not torch.cuda.is_available():
         raise RuntimeError(f"robot.device is {name!r} but torch finds no CUDA device")
     return f"cuda:{torch.cuda.current_device()}"
+
+
+def keep_frame_buffers() -> bool:
+    """Apply the malloc thresholds above (glibc only; elsewhere a no-op returning False)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    ok = mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES) == 1
+    return mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES) == 1 and ok
 
 
 def build_policy(config: RobotConfig) -> Policy:
@@ -145,6 +168,8 @@ class RobotService:
         cfg = self.config
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
+        if not keep_frame_buffers():
+            log.info("malloc thresholds not tuned (not glibc): frame buffers go back to the OS")
         progress("build policy", 0, 2)
         self.policy = build_policy(cfg)
         progress("warm up", 1, 2)
