@@ -238,7 +238,9 @@ def _ms(values: list[float], q: float) -> float:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="realtime bench robot", description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=1000, help="round trips per payload and server in (a)")
+    parser.add_argument(
+        "--requests", type=int, default=1000, help="round trips per payload and server in (a)"
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per server in (b)")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--torch-threads", type=int, default=1)
