@@ -32,7 +32,9 @@ async def wait_ready(base_url: str, timeout_s: float = 120.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serve_in_process(config: DeployConfig, ready: bool = True) -> AsyncIterator[tuple[str, GracefulServer]]:
+async def serve_in_process(
+    config: DeployConfig, ready: bool = True
+) -> AsyncIterator[tuple[str, GracefulServer]]:
     server = build_server(config, host="127.0.0.1", port=0)
     task = asyncio.create_task(server.serve())
     try:

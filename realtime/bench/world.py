@@ -41,7 +41,10 @@ def _act(i: int) -> torch.Tensor:
 
 def _build(args, slots: int) -> WorldModel:
     weights = WEIGHTS_DIR / "world-tiny.safetensors" if args.model == "world-tiny" else None
-    return WorldModel.build(CONFIGS[args.model], slots=slots, weights=weights, device=args.device)
+    dtype = getattr(torch, args.dtype)
+    return WorldModel.build(
+        CONFIGS[args.model], slots=slots, weights=weights, device=args.device, dtype=dtype
+    )
 
 
 def _sync(device: str) -> None:
@@ -144,6 +147,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="realtime bench world", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="world-tiny", choices=sorted(CONFIGS))
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--blocks", type=int, default=100)
     p.add_argument("--reps", type=int, default=9)
@@ -174,5 +178,6 @@ def main(argv: list[str]) -> int:
         "continuous_play_ratio": round(play, 3),
         "device": args.device,
         "model": args.model,
+        "dtype": args.dtype,
     }))  # fmt: skip
     return 0
