@@ -117,7 +117,6 @@ class RobotConfig:
     seed: int = 0
     max_message_bytes: PositiveInt = 64 * 1024 * 1024
     error_mode: Literal["recoverable", "openpi"] = "recoverable"
-    max_pending_requests: PositiveInt = 2
     max_batch: PositiveInt = 8
     coalesce_window_s: NonNegativeFloat = 0.02
     torch_threads: NonNegativeInt = 0

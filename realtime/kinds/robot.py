@@ -5,10 +5,12 @@ connection is one session of the session runtime (admission, idle timeout, reset
 ``SessionManager``); observations of all connected robots batch into one forward through the
 policy's ``StageEngine``, on the engine's worker thread.
 
-Per connection: one reader task (frames -> codec commands, bounded by
-``robot.max_pending_requests``), one runner (the session's single writer: prepare the
-observation, snapshot per-session state, run the tick, commit the chunk) and one
-writer task (codec replies -> frames). Replies go out strictly in request order.
+Per connection: one request loop, the session's single writer, strictly request/response as
+openpi's own server (the next frame is read only after the reply went out, so replies are in
+request order and a robot cannot queue work): decode (frames over 1 MiB off the loop), prepare the
+observation, snapshot per-session state, run the tick through the engine, commit the chunk,
+reply. A watcher ends the connection when the runtime closes the session (idle, lifetime,
+eviction, shutdown). Keepalive pings are answered by the transport meanwhile.
 
 Client ``session_id`` (an optional observation key) follows vllm-omni: the first call of a
 connection starts fresh; a different id than the previous call resets the session first.
@@ -21,7 +23,6 @@ import ctypes
 import ctypes.util
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -219,14 +220,8 @@ class RobotService:
             await _Connection(self, websocket).run()
 
 
-@dataclass
-class _Pending:
-    command: openpi.Command
-    received_at: float
-
-
 class _Connection:
-    """One robot's websocket: the reader, runner and writer tasks around one session."""
+    """One robot's websocket: a request loop around one session."""
 
     def __init__(self, service: RobotService, websocket: WebSocket) -> None:
         self.service = service
@@ -235,8 +230,6 @@ class _Connection:
         self.codec = openpi.ServerConnection(
             max_message_bytes=cfg.max_message_bytes, error_mode=cfg.error_mode
         )
-        self.commands: asyncio.Queue[_Pending] = asyncio.Queue(cfg.max_pending_requests)
-        self.replies: asyncio.Queue[tuple[openpi.Reply, float]] = asyncio.Queue(cfg.max_pending_requests)
         self.episode: str | None = None
         self.prev_total_ms: float | None = None
 
@@ -260,21 +253,16 @@ class _Connection:
 
     async def _serve(self, session: Session) -> None:
         await self.ws.send_bytes(self.codec.start(self.service.metadata))
-        tasks = {
-            asyncio.create_task(self._read(), name="openpi-reader"),
-            asyncio.create_task(self._run(session), name="openpi-runner"),
-            asyncio.create_task(self._write(), name="openpi-writer"),
-        }
+        loop = asyncio.create_task(self._request_loop(session), name="openpi-requests")
         ended = asyncio.create_task(session.wait_closed(), name="openpi-session-end")
         try:
-            done, _ = await asyncio.wait(tasks | {ended}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({loop, ended}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in tasks | {ended}:
+            for task in (loop, ended):
                 task.cancel()
-            await asyncio.gather(*tasks, ended, return_exceptions=True)
-        for task in done & tasks:
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()
+            await asyncio.gather(loop, ended, return_exceptions=True)
+        if loop in done and not loop.cancelled() and loop.exception() is not None:
+            raise loop.exception()
         if ended in done:
             reason = ended.result()
             text = _CLOSE_REASONS.get(reason, "session closed: {reason}").format(
@@ -282,7 +270,8 @@ class _Connection:
             )
             await self._close(GOING_AWAY if reason == "shutdown" else POLICY_VIOLATION, text)
 
-    async def _read(self) -> None:
+    async def _request_loop(self, session: Session) -> None:
+        """Strict request/response, as openpi's server: the next frame is read after the reply."""
         max_bytes = self.service.config.max_message_bytes
         while True:
             try:
@@ -302,18 +291,16 @@ class _Connection:
             del frame
             if self.codec.state is not openpi.State.OPEN:  # openpi error mode closed the connection
                 return
-            await self.commands.put(_Pending(self.codec.accept(decoded), received_at))
-
-    async def _run(self, session: Session) -> None:
-        while True:
-            pending = await self.commands.get()
-            reply = await self._handle(session, pending)
+            reply = await self._handle(session, self.codec.accept(decoded), received_at)
             if isinstance(reply, openpi.Error):
                 self.service.errors.labels(reply.code).inc()
-            await self.replies.put((reply, pending.received_at))
+            out = self.codec.reply(reply)
+            await self._send(out)
+            self.prev_total_ms = (time.perf_counter() - received_at) * 1000.0
+            if out.close is not None:
+                return
 
-    async def _handle(self, session: Session, pending: _Pending) -> openpi.Reply:
-        cmd = pending.command
+    async def _handle(self, session: Session, cmd: openpi.Command, received_at: float) -> openpi.Reply:
         manager = self.service.manager
         policy = self.service.policy
         assert manager is not None and policy is not None
@@ -341,22 +328,13 @@ class _Connection:
         except SessionError as exc:
             return openpi.Error(cmd.seq, exc.code, exc.message)
         chunk: PolicyChunk = result.value
-        latency = time.perf_counter() - pending.received_at
+        latency = time.perf_counter() - received_at
         session.state.commit(chunk.actions, latency, time.monotonic())
         server_timing = {"infer_ms": latency * 1000.0}
         if self.prev_total_ms is not None:
             server_timing["prev_total_ms"] = self.prev_total_ms
         policy_timing = {"infer_ms": chunk.forward_ms, "batch_size": float(chunk.batch_size)}
         return openpi.Actions(cmd.seq, chunk.actions, server_timing, policy_timing)
-
-    async def _write(self) -> None:
-        while True:
-            reply, received_at = await self.replies.get()
-            out = self.codec.reply(reply)
-            await self._send(out)
-            self.prev_total_ms = (time.perf_counter() - received_at) * 1000.0
-            if out.close is not None:
-                return
 
     async def _send(self, out: openpi.Outbound) -> None:
         for frame in out.frames:
