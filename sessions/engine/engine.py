@@ -185,7 +185,7 @@ class StageEngine:
         self.stall_timeout_s = check_stall_timeout(stall_timeout_s)
         self._owns_worker = worker is None
         self.worker = worker or DeviceWorker(stage.device, name=f"stage-{stage.name}")
-        self.slots = SlotTable(stage, self.worker, capacity)
+        self.slots = SlotTable(stage, self.worker, capacity, on_change=self._update_slot_gauges)
         self._abortable = isinstance(stage, AbortableStage)
         self._sessions: dict[str, _Session] = {}
         self._pending_count = 0

@@ -125,3 +125,28 @@ class AbortableSlowStage:
             time.sleep(0.005)
         self.durations.append(time.monotonic() - start)
         return [item.payload for item in items]
+
+
+class GatedStateStage(PooledStateStage):
+    """``open_state`` blocks until ``gate`` is set; records a slot initialised while still live."""
+
+    def __init__(self, slot_capacity: int = 1) -> None:
+        super().__init__(slot_capacity=slot_capacity, name="gated")
+        self.gate = threading.Event()
+        self.live: dict[int, str] = {}
+        self.doubled: list[tuple[str, int]] = []
+        self.on_open = None  # called on the worker thread just before open_state returns
+
+    def open_state(self, session_id, slot):
+        self.gate.wait(5.0)
+        if slot in self.live:
+            self.doubled.append((session_id, slot))
+        self.live[slot] = session_id
+        if self.on_open is not None:
+            self.on_open()
+        return super().open_state(session_id, slot)
+
+    def release_state(self, session_id, slot, state):
+        super().release_state(session_id, slot, state)
+        if self.live.get(slot) == session_id:
+            del self.live[slot]
