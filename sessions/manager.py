@@ -147,8 +147,10 @@ class SessionManager:
         self._shutting_down = False
         self._reaper: Reaper | None = None
         self._metrics = RuntimeMetrics.for_registry(registry) if registry is not None else None
+        self._ticks_committed = None  # the per-tick counter child, looked up once
         if self._metrics is not None:
             self._metrics.capacity.labels(kind).set(self.capacity)
+            self._ticks_committed = self._metrics.ticks.labels(kind, "committed")
 
     # -- lookup ---------------------------------------------------------------------------
     def get(self, session_id: str) -> Session:
@@ -451,7 +453,9 @@ class SessionManager:
             self._count_status(new, +1)
 
     def _tick_finished(self, session: Session, outcome: str, code: str | None) -> None:
-        if self._metrics is not None:
+        if outcome == "committed" and self._ticks_committed is not None:
+            self._ticks_committed.inc()
+        elif self._metrics is not None:
             self._metrics.ticks.labels(self.kind, outcome).inc()
             if code is not None and outcome == "failed":
                 self._metrics.failures.labels(self.kind, code).inc()

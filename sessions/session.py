@@ -22,7 +22,9 @@ Contract:
   ``chunk_index`` and the pending events untouched and raises a :class:`TickFailedError`.
   A tick cancelled by its caller also fails the session (its worker state is released on the
   next reset or close). A reset or close during a tick drops its result
-  (:class:`TickSupersededError`).
+  (:class:`TickSupersededError`). The executor runs in the caller's task (no task per tick);
+  reset and close cut it short by cancelling that task and withdraw their cancel request before
+  the caller sees the error, so only the caller's own cancels surface as ``CancelledError``.
 - ``await reset()`` (ACTIVE or FAILED): bump ``epoch``, cancel an in-flight tick, discard
   pending events (not replayed; their ids stay duplicate), clear prompt, controls and the
   kind's ``state``, reset the reducer, restart at chunk 0, release worker state with reason
@@ -133,7 +135,9 @@ class Session:
         self._prompt: str | None = None
         self._controls: dict[str, ControlInput] = {}
         self._tick_lock = asyncio.Lock()
-        self._inflight: asyncio.Future | None = None
+        self._tick_task: asyncio.Task | None = None  # the task awaiting the executor, while it does
+        self._cutting = False  # reset/close cancelled that task; the tick undoes it (superseded)
+        self._tick_done: asyncio.Future | None = None  # a close waiting for the executor call to end
         self._ended = asyncio.Event()
         self._close_done: asyncio.Future | None = None
         self.close_reason: str | None = None
@@ -181,7 +185,7 @@ class Session:
     @property
     def busy(self) -> bool:
         """True while a tick is in flight."""
-        return self._inflight is not None
+        return self._tick_task is not None
 
     def touch(self) -> None:
         """Record client activity that is not a tick or event (e.g. a ping) for the idle reaper."""
@@ -234,13 +238,9 @@ class Session:
                     ),
                     exc,
                 )
-            self._inflight = asyncio.ensure_future(self._executor.execute(snapshot))
             try:
-                result = await self._inflight
+                result = await self._execute(snapshot)
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if self._epoch != epoch and (task is None or not task.cancelling()):
-                    raise self._superseded(snapshot) from None
                 self._mark_failed("cancelled")
                 self._tick_finished("cancelled", None)
                 raise
@@ -255,12 +255,10 @@ class Session:
                     ),
                     exc,
                 )
-            finally:
-                self._inflight = None
-            if self._epoch != epoch:
+            if result is _CUT or self._epoch != epoch:
                 raise self._superseded(snapshot)
             returned = getattr(result, "metadata", None)
-            if returned != snapshot.metadata:
+            if returned is not snapshot.metadata and returned != snapshot.metadata:
                 await self._fail(
                     ChunkMetadataError(
                         f"tick metadata {_describe(returned)} does not match the snapshot "
@@ -283,21 +281,54 @@ class Session:
             self._tick_finished("committed", None)
             return result
 
+    async def _execute(self, snapshot: TickSnapshot) -> Any:
+        """Await the executor in the caller's own task: no task per tick, so no extra loop
+        iterations on the hot path. Reset and close cut the call short by cancelling that task
+        (:meth:`_cut_tick`); their cancel request is withdrawn here (``Task.uncancel``, as
+        ``asyncio.timeout`` does) and ``_CUT`` returned, unless the caller was cancelled too, in
+        which case ``CancelledError`` propagates."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._tick_task = task
+        try:
+            return await self._executor.execute(snapshot)
+        except asyncio.CancelledError:
+            if self._cutting:
+                self._cutting = False
+                if task.uncancel() == 0:
+                    return _CUT
+            raise
+        finally:
+            if self._cutting:  # the executor swallowed the cancel: withdraw it all the same
+                self._cutting = False
+                task.uncancel()
+            self._tick_task = None
+            done, self._tick_done = self._tick_done, None
+            if done is not None and not done.done():
+                done.set_result(None)
+
+    def _cut_tick(self) -> None:
+        """Cancel the executor call in flight (reset and close; the epoch is already bumped)."""
+        if self._tick_task is not None and not self._cutting:
+            self._cutting = True
+            self._tick_task.cancel()
+
     def _build_snapshot(self, payload: Any) -> tuple[TickSnapshot, PreparedControls]:
-        events = tuple(self._pending[k] for k in sorted(self._pending))
+        events = tuple(self._pending[k] for k in sorted(self._pending)) if self._pending else ()
         prompt = self._prompt
         for event in events:
             if event.prompt is not None:
                 prompt = event.prompt
         prepared = self._reducer.prepare(
-            current_controls=MappingProxyType(dict(self._controls)),
+            current_controls=MappingProxyType(self._controls),  # never mutated: commit replaces it
             events=events,
             chunk_index=self._chunk_index,
         )
-        controls = tuple(sorted(prepared.controls, key=lambda c: c.track))
-        tracks = [c.track for c in controls]
-        if len(set(tracks)) != len(tracks) or not all(isinstance(c, ControlInput) for c in controls):
-            raise ValueError(f"reducer returned invalid controls for tracks {tracks}")
+        controls = tuple(sorted(prepared.controls, key=_track))
+        if controls:
+            tracks = [c.track for c in controls]
+            if len(set(tracks)) != len(tracks) or not all(isinstance(c, ControlInput) for c in controls):
+                raise ValueError(f"reducer returned invalid controls for tracks {tracks}")
         snapshot = TickSnapshot(
             session_id=self.session_id,
             request_id=self._request_id_factory(self.session_id, self._chunk_index),
@@ -357,8 +388,7 @@ class Session:
         """Start the session over at chunk 0 (see the module contract)."""
         self._require_resettable()
         self._epoch += 1
-        if self._inflight is not None:
-            self._inflight.cancel()
+        self._cut_tick()
         async with self._tick_lock:
             self._require_resettable()
             if self._pending:
@@ -394,11 +424,11 @@ class Session:
         self._set_status(SessionStatus.CLOSING)
         self._ended.set()
         self._close_done = asyncio.get_running_loop().create_future()
-        inflight = self._inflight
         try:
-            if inflight is not None:
-                inflight.cancel()
-                await asyncio.wait({inflight}, timeout=self._limits.release_timeout_s)
+            if self._tick_task is not None:
+                done = self._tick_done = asyncio.get_running_loop().create_future()
+                self._cut_tick()
+                await asyncio.wait({done}, timeout=self._limits.release_timeout_s)
             await self._release(reason)
         except ReleaseFailedError:
             self._set_status(SessionStatus.CLEANUP_FAILED)
@@ -460,6 +490,13 @@ class Session:
             f"session {self.session_id} is {self._status.value} ({self.close_reason})",
             reason=self.close_reason,
         )
+
+
+_CUT = object()  # what _execute returns when reset or close cut the executor call short
+
+
+def _track(control: ControlInput) -> str:
+    return control.track
 
 
 def _describe(metadata: Any) -> str:

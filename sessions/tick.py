@@ -71,11 +71,13 @@ class TickSnapshot:
     payload: Any = None
 
     def __post_init__(self) -> None:
-        _check_identity(self.session_id, self.request_id, self.chunk_index, self.applied_event_ids)
+        # Built (and validated) once: every tick reads it twice (executor echo, session check).
+        metadata = TickMetadata(self.session_id, self.request_id, self.chunk_index, self.applied_event_ids)
+        object.__setattr__(self, "_metadata", metadata)
 
     @property
     def metadata(self) -> TickMetadata:
-        return TickMetadata(self.session_id, self.request_id, self.chunk_index, self.applied_event_ids)
+        return self._metadata
 
     def control(self, track: str) -> ControlInput | None:
         """The sticky control on ``track``, or ``None`` if the track was never set."""

@@ -18,7 +18,7 @@ from sessions.errors import (
 )
 from sessions.events import ControlInput, SessionEvent
 from sessions.session import EventAcceptance, SessionLimits, SessionStatus
-from sessions.tick import TickMetadata
+from sessions.tick import TickMetadata, TickOutput
 
 from .fakes import FailingCommitReducer, RecordingLifecycle, ScriptedExecutor, event, make_session
 
@@ -217,6 +217,75 @@ async def test_reset_during_a_tick_supersedes_it_without_commit():
     with pytest.raises(TickSupersededError):
         await tick
     assert session.status is SessionStatus.ACTIVE and session.chunk_index == 0 and session.prompt is None
+
+
+async def test_a_superseded_tick_leaves_no_cancel_request_on_the_callers_task():
+    """The executor runs in the caller's task; reset cancels that task and withdraws the request."""
+    executor = ScriptedExecutor()
+    executor.gate = asyncio.Event()
+    session = make_session(executor)
+
+    async def caller() -> int:
+        with pytest.raises(TickSupersededError):
+            await session.next_tick()
+        await asyncio.sleep(0)  # a leftover cancel request would land here
+        return asyncio.current_task().cancelling()
+
+    task = asyncio.create_task(caller())
+    await executor.started.wait()
+    await session.reset()
+    assert await task == 0
+    executor.gate = None
+    assert not session.busy and (await session.next_tick()).value == 0
+
+
+async def test_a_caller_cancel_racing_a_reset_still_cancels_the_caller():
+    executor = ScriptedExecutor()
+    executor.gate = asyncio.Event()
+    session = make_session(executor)
+    tick = asyncio.create_task(session.next_tick())
+    await executor.started.wait()
+    tick.cancel()  # the caller's own cancel, then reset's, before either is delivered
+    reset = asyncio.create_task(session.reset())
+    with pytest.raises(asyncio.CancelledError):
+        await tick
+    await reset
+    assert session.status is SessionStatus.ACTIVE and session.chunk_index == 0
+
+
+async def test_an_executor_swallowing_the_cut_still_supersedes_the_tick():
+    class Stubborn(ScriptedExecutor):
+        async def execute(self, snapshot):
+            try:
+                return await super().execute(snapshot)
+            except asyncio.CancelledError:
+                return TickOutput(snapshot.metadata, -1)
+
+    executor = Stubborn()
+    executor.gate = asyncio.Event()
+    session = make_session(executor)
+
+    async def caller() -> int:
+        with pytest.raises(TickSupersededError):
+            await session.next_tick()
+        await asyncio.sleep(0)
+        return asyncio.current_task().cancelling()
+
+    task = asyncio.create_task(caller())
+    await executor.started.wait()
+    await session.reset()
+    assert await task == 0 and session.chunk_index == 0
+
+
+async def test_close_waits_for_the_cut_tick_before_releasing():
+    executor, lifecycle = ScriptedExecutor(), RecordingLifecycle()
+    executor.gate = asyncio.Event()
+    session = make_session(executor, lifecycle)
+    tick = asyncio.create_task(session.next_tick())
+    await executor.started.wait()
+    await session._close("close")
+    assert tick.done() and isinstance(tick.exception(), TickSupersededError)
+    assert lifecycle.reasons(session.session_id) == ["close"] and not session.busy
 
 
 async def test_caller_cancelling_a_tick_fails_the_session_without_commit():
