@@ -192,11 +192,12 @@ class StageEngine:
         self._soon: asyncio.Handle | None = None  # a scheduling decision queued for the next iteration
         self._timer: asyncio.TimerHandle | None = None  # the coalescing window's deadline
         self._running: list[_Work] | None = None  # the batch of the forward in flight
-        self._idle: asyncio.Future | None = None  # resolved when that forward's outputs are out
+        self._idle: asyncio.Future | None = None  # made by close(): resolved once those outputs are out
         self._closed = False
         m = engine_metrics(registry)
         self._m_batch = m.batch_size.labels(stage=self.name)
-        self._m_queue = m.queue_depth.labels(stage=self.name)
+        me = weakref.ref(self)  # read at scrape time; the registry must not keep the engine alive
+        m.queue_depth.labels(stage=self.name).set_function(lambda: getattr(me(), "_pending_count", 0))
         self._m_forward = m.forward_seconds.labels(stage=self.name)
         self._m_item = m.item_seconds.labels(stage=self.name)
         self._m_item_fail = m.failures.labels(stage=self.name, scope="item")
@@ -249,7 +250,6 @@ class StageEngine:
             self._pending_count -= len(entry.pending)
             entry.pending.clear()
             self._kill_inflight(entry, error)
-            self._m_queue.set(self._pending_count)
             self._kick()
         try:
             await self.slots.release(session_id)
@@ -334,7 +334,6 @@ class StageEngine:
         if inflight is not None and inflight.epoch < epoch:
             self._kill_inflight(entry, StaleEpochError(session_id, inflight.epoch, epoch))
         self._m_stale.inc(dropped)
-        self._m_queue.set(self._pending_count)
         self._kick()
         return dropped
 
@@ -351,8 +350,9 @@ class StageEngine:
             if handle is not None:
                 handle.cancel()
         self._soon = self._timer = None
-        if self._idle is not None:
-            await asyncio.shield(self._idle)  # the forward in flight finishes and fans out
+        if self._running is not None:  # the forward in flight finishes and fans out
+            self._idle = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._idle)
         self._fail_pending(error)  # continuations queued by the last forward
         for slot in list(self.slots):
             try:
@@ -370,7 +370,6 @@ class StageEngine:
                 work.fail(error)
             entry.pending.clear()
         self._pending_count = 0
-        self._m_queue.set(0)
 
     def _enqueue(
         self,
@@ -396,7 +395,6 @@ class StageEngine:
         loop = asyncio.get_running_loop()
         entry.pending.append(_Work(session_id, epoch, payload, seq, last, 0, loop.time(), future, stream))
         self._pending_count += 1
-        self._m_queue.set(self._pending_count)
         if self._running is None and self._all_submitted():
             self._dispatch()  # waiting cannot grow the batch: skip the round through the loop
         else:
@@ -424,7 +422,6 @@ class StageEngine:
         before = len(entry.pending)
         entry.pending = deque(w for w in entry.pending if w.stream is not sink)
         self._pending_count -= before - len(entry.pending)
-        self._m_queue.set(self._pending_count)
         if entry.inflight is not None and entry.inflight.stream is sink:
             self._kill_inflight(entry, error)
         self._kick()
@@ -463,8 +460,8 @@ class StageEngine:
             if handle is not None:
                 handle.cancel()  # superseded by this decision (cancelling the running one is a no-op)
         self._soon = self._timer = None
-        if self._running is not None or self._closed:
-            return  # the forward's completion decides again
+        if self._running is not None or self._closed or not self._pending_count:
+            return  # the forward's completion decides again, or there is nothing to decide
         ready, waiting_sessions = self._ready()
         if not ready:
             return
@@ -492,7 +489,6 @@ class StageEngine:
             )
         self._m_batch.observe(len(batch))
         self._running = batch
-        self._idle = loop.create_future()
         try:
             self.worker.post(self._forward, (items,), self._finished)
         except BaseException as exc:  # the worker itself is closed
@@ -504,7 +500,6 @@ class StageEngine:
             entry.pending.popleft()
             entry.inflight = work
         self._pending_count -= len(batch)
-        self._m_queue.set(self._pending_count)
         return batch
 
     def _forward(self, items: list[StageItem]) -> tuple[Sequence[Any] | None, BaseException | None, float]:
@@ -525,7 +520,7 @@ class StageEngine:
     ) -> None:
         """On the loop, once the worker ran :meth:`_forward`: fan out, then decide the next batch."""
         batch, idle = self._running, self._idle
-        assert batch is not None and idle is not None
+        assert batch is not None
         outputs, error, seconds = outcome if failed is None else (None, failed, 0.0)
         self._m_forward.observe(seconds)
         try:
@@ -536,7 +531,8 @@ class StageEngine:
                 work.fail(EngineError("internal engine error"))
         finally:
             self._running = self._idle = None
-            idle.set_result(None)
+            if idle is not None:
+                idle.set_result(None)
         self._dispatch()
 
     def _fan_out(
@@ -595,7 +591,6 @@ class StageEngine:
                     )
                 )
                 self._pending_count += 1
-        self._m_queue.set(self._pending_count)
 
     def _update_slot_gauges(self) -> None:
         self._m_slots.set(len(self.slots))
