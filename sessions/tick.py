@@ -30,7 +30,7 @@ def _check_identity(session_id: str, request_id: str, chunk_index: int, applied:
         raise ValueError("request_id must be a non-empty string")
     if isinstance(chunk_index, bool) or not isinstance(chunk_index, int) or chunk_index < 0:
         raise ValueError(f"chunk_index must be an integer >= 0, got {chunk_index!r}")
-    if any(b <= a for a, b in zip(applied, applied[1:], strict=False)):
+    if len(applied) > 1 and any(b <= a for a, b in zip(applied, applied[1:], strict=False)):
         raise ValueError(f"applied_event_ids must be unique and strictly increasing, got {list(applied)}")
 
 
