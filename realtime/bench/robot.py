@@ -41,6 +41,8 @@ import httpx
 import numpy as np
 import yaml
 
+from models.policy import examples
+
 
 class OpenPIPolicy:
     """An ``openpi_client.base_policy.BasePolicy`` over one of our policies (for openpi-server)."""
@@ -141,25 +143,6 @@ def serve_peer(policy: str, port: int, threads: int, device: str) -> int:
     return 0
 
 
-def libero_obs(seed: int) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-    return {
-        "observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-        "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-        "observation/state": rng.standard_normal(8).astype(np.float32),
-        "prompt": "put the bowl on the plate",
-    }
-
-
-def aloha_obs(seed: int) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-    cams = ("cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist")
-    return {
-        "state": rng.standard_normal(14).astype(np.float32),
-        "images": {c: rng.integers(0, 256, (3, 224, 224), dtype=np.uint8) for c in cams},
-    }
-
-
 def _client(url: str):
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
@@ -195,14 +178,14 @@ def overhead(url_ours: str, url_peer: str, obs: dict, requests: int, blocks: int
 def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[float], list[dict]]:
     robots = [_client(url) for _ in range(clients)]
     for i, robot in enumerate(robots):
-        _round_trips(robot, libero_obs(i), 2)
+        _round_trips(robot, examples.libero(i), 2)
     latencies: list[list[float]] = [[] for _ in robots]
     timings: list[dict] = []
     barrier = threading.Barrier(clients + 1)
     stop_at = [0.0]
 
     def run(i: int) -> None:
-        obs = libero_obs(i)
+        obs = examples.libero(i)
         barrier.wait()
         while time.perf_counter() < stop_at[0]:
             latencies[i] += _round_trips(robots[i], obs, 1, timings)
@@ -274,7 +257,7 @@ def main(argv: list[str]) -> int:
     with ours("zeros", threads) as url_ours, peer("zeros", threads) as url_peer:
         print("(a) single client, trivial policy: round trip ms")
         print(f"{'payload':<8} {'server':<14} {'p50':>7} {'p90':>7} {'p99':>7} {'mean':>7}")
-        for name, obs in (("libero", libero_obs(0)), ("aloha", aloha_obs(0))):
+        for name, obs in (("libero", examples.libero(0)), ("aloha", examples.aloha(0))):
             samples = overhead(url_ours, url_peer, obs, args.requests, blocks=max(1, args.requests // 10))
             for who, label in (("ours", "ours"), ("peer", "openpi-server")):
                 s = samples[who]

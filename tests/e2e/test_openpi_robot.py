@@ -16,10 +16,11 @@ from openpi_client import msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from models.policy.examples import aloha, droid, libero
 from models.policy.pi0_tiny import Pi0TinyPolicy
 from realtime.config import config_from_mapping
 from realtime.kinds.robot import handshake_metadata
-from tests.robot.test_pi0_tiny import aloha, droid, libero, pi0_obs
+from tests.robot.test_pi0_tiny import pi0_obs
 from tests.serving import serve_in_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")  # the module-scoped servers live on that loop

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from models.policy import presets
+from models.policy.examples import aloha, droid, libero
 from models.policy.interface import ObservationError
 from models.policy.pi0_tiny import Pi0TinyPolicy
 from models.policy.rtc import RTCOptions, prefix_weights
@@ -19,38 +20,6 @@ from realtime.protocols import openpi
 @pytest.fixture(scope="module")
 def policy() -> Pi0TinyPolicy:
     return Pi0TinyPolicy()
-
-
-def libero(seed: int = 0, **extra) -> dict:
-    rng = np.random.default_rng(seed)
-    return {
-        "observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-        "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-        "observation/state": rng.standard_normal(8).astype(np.float32),
-        "prompt": "put the bowl on the plate",
-        **extra,
-    }
-
-
-def droid(seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    return {
-        "observation/exterior_image_1_left": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-        "observation/wrist_image_left": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-        "observation/joint_position": rng.standard_normal(7),
-        "observation/gripper_position": np.float64(0.5),
-        "prompt": "open the drawer",
-    }
-
-
-def aloha(seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    cams = ("cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist")
-    return {
-        "state": rng.standard_normal(14).astype(np.float32),
-        "images": {c: rng.integers(0, 256, (3, 224, 224), dtype=np.uint8) for c in cams},
-        "prompt": "transfer the cube",
-    }
 
 
 def pi0_obs(seed: int = 0) -> dict:
