@@ -36,10 +36,9 @@ from realtime.connections import ConnectionRegistry
 from realtime.kinds import build_kind
 from realtime.kinds.base import ServerContext, SessionKindService
 from realtime.progress import LoadProgress
+from realtime.ws import CloseCode
 
 log = logging.getLogger("realtime.app")
-
-TRY_AGAIN_LATER = 1013
 
 
 @dataclass
@@ -122,7 +121,7 @@ class _NotReadyGuard:
             await receive()  # websocket.connect
             await send({"type": "websocket.accept"})
             reason = "server is shutting down" if self.state.draining else "server is loading models"
-            await send({"type": "websocket.close", "code": TRY_AGAIN_LATER, "reason": reason})
+            await send({"type": "websocket.close", "code": CloseCode.TRY_AGAIN_LATER, "reason": reason})
             return
         await self.app(scope, receive, send)
 

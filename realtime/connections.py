@@ -13,11 +13,11 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from starlette.websockets import WebSocket, WebSocketState
+from starlette.websockets import WebSocket
+
+from realtime.ws import CloseCode, close_quietly
 
 log = logging.getLogger(__name__)
-
-GOING_AWAY = 1001
 
 
 @dataclass(eq=False)
@@ -56,13 +56,8 @@ class ConnectionRegistry:
         self.accepting = False
         entries = list(self._live)
         for entry in entries:
-            ws = entry.websocket
-            if (
-                ws.application_state == WebSocketState.CONNECTED
-                and ws.client_state == WebSocketState.CONNECTED
-            ):
-                with contextlib.suppress(Exception):
-                    await ws.close(code=GOING_AWAY, reason=reason)
+            with contextlib.suppress(Exception):  # a peer vanishing mid-close must not stop the drain
+                await close_quietly(entry.websocket, CloseCode.GOING_AWAY, reason)
         if not entries:
             return 0
         waits = [asyncio.create_task(e.done.wait()) for e in entries]

@@ -28,18 +28,18 @@ from typing import Any
 import torch
 from prometheus_client import Counter
 from starlette.routing import BaseRoute, WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from models.policy.interface import ObservationError, Policy
 from models.policy.pi0_tiny import Pi0TinyConfig, Pi0TinyPolicy
 from models.policy.stage import PolicyChunk, PolicyStage, PolicyTick
 from models.policy.trivial import ZerosPolicy
 from realtime import __version__
-from realtime.auth import api_key_ok
 from realtime.config import RobotConfig
 from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager
 from realtime.protocols import openpi
+from realtime.ws import CloseCode, close_quietly, serve_websocket
 from sessions.capacity import MemoryDeclaration
 from sessions.engine import StageEngine
 from sessions.engine.engine import DEFAULT_MAX_SESSIONS
@@ -52,9 +52,6 @@ from sessions.tick import TickOutput, TickSnapshot
 log = logging.getLogger("realtime.robot")
 
 PATHS = ("/", "/v1/realtime/robot/openpi")
-POLICY_VIOLATION = 1008
-GOING_AWAY = 1001
-TRY_AGAIN_LATER = 1013
 # Frames above this are decoded on a thread; smaller ones on the loop, where decoding (~85 us per
 # MiB on the dev CPU) costs less than a thread hand-off (60-100 us) and holds the loop <= ~0.1 ms.
 OFFLOAD_DECODE_BYTES = 1 << 20
@@ -212,12 +209,7 @@ class RobotService:
             await self.engine.close()
 
     async def _endpoint(self, websocket: WebSocket) -> None:
-        if not api_key_ok(websocket.headers, self.ctx.config.server.api_keys):
-            await websocket.close(code=POLICY_VIOLATION, reason="unauthorized")  # before accept: HTTP 403
-            return
-        await websocket.accept()
-        async with self.ctx.connections.track(websocket, self.name):
-            await _Connection(self, websocket).run()
+        await serve_websocket(websocket, self.ctx, self.name, _Connection(self, websocket).run)
 
 
 class _Connection:
@@ -239,7 +231,7 @@ class _Connection:
         try:
             session = await manager.create()
         except SessionError as exc:
-            await self._send(self.codec.fatal(exc.code, exc.message, TRY_AGAIN_LATER))
+            await self._send(self.codec.fatal(exc.code, exc.message, CloseCode.TRY_AGAIN_LATER))
             self.service.errors.labels(exc.code).inc()
             return
         try:
@@ -268,7 +260,9 @@ class _Connection:
             text = _CLOSE_REASONS.get(reason, "session closed: {reason}").format(
                 idle=self.service.config.idle_timeout_s, reason=reason
             )
-            await self._close(GOING_AWAY if reason == "shutdown" else POLICY_VIOLATION, text)
+            await self._close(
+                CloseCode.GOING_AWAY if reason == "shutdown" else CloseCode.POLICY_VIOLATION, text
+            )
 
     async def _request_loop(self, session: Session) -> None:
         """Strict request/response, as openpi's server: the next frame is read after the reply."""
@@ -346,14 +340,7 @@ class _Connection:
             await self._close(*out.close)
 
     async def _close(self, code: int, reason: str) -> None:
-        if (
-            self.ws.application_state == WebSocketState.CONNECTED
-            and self.ws.client_state == WebSocketState.CONNECTED
-        ):
-            try:
-                await self.ws.close(code=code, reason=reason[:123])
-            except RuntimeError:  # the client closed at the same moment
-                pass
+        await close_quietly(self.ws, code, reason)
 
 
 def build_robot_service(ctx: ServerContext) -> RobotService:

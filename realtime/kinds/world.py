@@ -36,7 +36,7 @@ from prometheus_client import Counter
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
 from models.world.controls import CONTROL_SCHEMAS, KEYS_TRACK, MOUSE_SCHEMA, MOUSE_TRACK, action_vector
@@ -44,11 +44,11 @@ from models.world.kv_cache import KVGeometry
 from models.world.model import WorldModel, WorldTick
 from models.world.stage import WorldStage, WorldStageInput, WorldStageOutput
 from models.world.vae import decoder_state_bytes
-from realtime.auth import api_key_ok
 from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan
 from realtime.media.video import Fmp4Encoder, encode_jpeg_batch
 from realtime.protocols import world as proto
+from realtime.ws import CloseCode, close_quietly, serve_websocket
 from sessions.capacity import MemoryDeclaration
 from sessions.engine import StageEngine
 from sessions.errors import SessionError, TickSupersededError
@@ -63,7 +63,6 @@ log = logging.getLogger("realtime.world")
 
 PATH = "/v1/realtime/world"
 PAGE_PATH = "/demo/world"
-NORMAL, GOING_AWAY, POLICY_VIOLATION, INTERNAL_ERROR, TRY_AGAIN_LATER = 1000, 1001, 1008, 1011, 1013
 OUTBOUND_MESSAGES = 64  # queued text messages + chunks per connection (then the reader waits)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -267,12 +266,7 @@ class WorldService:
             await self.engine.close()
 
     async def _endpoint(self, websocket: WebSocket) -> None:
-        if not api_key_ok(websocket.headers, self.ctx.config.server.api_keys):
-            await websocket.close(code=POLICY_VIOLATION, reason="unauthorized")
-            return
-        await websocket.accept()
-        async with self.ctx.connections.track(websocket, self.name):
-            await _Connection(self, websocket).run()
+        await serve_websocket(websocket, self.ctx, self.name, _Connection(self, websocket).run)
 
 
 @dataclass
@@ -320,7 +314,7 @@ class _Connection:
         if bad is not None:
             self.service.errors.labels(bad.code).inc()
             await self.ws.send_text(proto.render_error(bad.code, bad.message))
-            await self._close(POLICY_VIOLATION, "unsupported protocol_version")
+            await self._close(CloseCode.POLICY_VIOLATION, "unsupported protocol_version")
             return
         tasks = {
             asyncio.create_task(self._read(), name="world-reader"),
@@ -334,7 +328,7 @@ class _Connection:
                     raise task.exception()
         except Exception:
             log.exception("world connection failed")
-            self.closing = (INTERNAL_ERROR, "internal server error")
+            self.closing = (CloseCode.INTERNAL_ERROR, "internal server error")
         finally:
             for task in tasks:
                 task.cancel()
@@ -382,7 +376,7 @@ class _Connection:
                 self.session = await manager.create()
             except SessionError as exc:
                 await self.outbound.put(self._error(exc.code, exc.message))
-                self.closing = (TRY_AGAIN_LATER, exc.message)
+                self.closing = (CloseCode.TRY_AGAIN_LATER, exc.message)
                 return True
             self.start = cmd
             caps = {**self.service.capabilities(), "fps": cmd.fps, "format": cmd.format, "pacing": cmd.pacing}
@@ -417,7 +411,7 @@ class _Connection:
             except SessionError as exc:  # cleanup failed: the tombstone is the runtime's to retry
                 await self.outbound.put(self._error(exc.code, exc.message))
             await self.outbound.put(proto.render_closed(self.session.session_id, "client_close"))
-            self.closing = (NORMAL, "session closed")
+            self.closing = (CloseCode.NORMAL, "session closed")
             await self.outbound.join()
             return True
         return False
@@ -437,7 +431,10 @@ class _Connection:
             return
         reason = closed.result() if closed.done() and not closed.cancelled() else "closed"
         await self.outbound.put(proto.render_closed(session.session_id, reason))
-        self.closing = (GOING_AWAY if reason == "shutdown" else POLICY_VIOLATION, f"session closed: {reason}")
+        self.closing = (
+            CloseCode.GOING_AWAY if reason == "shutdown" else CloseCode.POLICY_VIOLATION,
+            f"session closed: {reason}",
+        )
         await self.outbound.join()
 
     async def _generate(self, session: Session, closed: asyncio.Task) -> None:
@@ -546,14 +543,7 @@ class _Connection:
         await self.ws.send_bytes(data)
 
     async def _close(self, code: int, reason: str) -> None:
-        if (
-            self.ws.application_state == WebSocketState.CONNECTED
-            and self.ws.client_state == WebSocketState.CONNECTED
-        ):
-            try:
-                await self.ws.close(code=code, reason=reason[:123])
-            except RuntimeError:
-                pass
+        await close_quietly(self.ws, code, reason)
 
 
 async def _until(awaitable: Any, closed: asyncio.Task) -> bool:
