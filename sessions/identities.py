@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import secrets
 from collections.abc import Callable
 
@@ -24,6 +25,10 @@ def new_session_id(kind: str) -> str:
     return f"{kind}-{secrets.token_hex(8)}"
 
 
+_request_counter = itertools.count(1)  # next() on a C iterator: atomic under the GIL
+
+
 def default_request_id(session_id: str, chunk_index: int) -> str:
-    """``"<session_id>-<chunk_index>-<random>"``: unique even when a reset replays chunk 0."""
-    return f"{session_id}-{chunk_index}-{secrets.token_hex(4)}"
+    """``"<session_id>-<chunk_index>-<n>"`` with ``n`` a process-wide tick counter (hex): unique
+    even when a reset replays chunk 0, and cheap (no system call per tick)."""
+    return f"{session_id}-{chunk_index}-{next(_request_counter):x}"

@@ -98,7 +98,7 @@ class _Stream:
             self.channel.close(error)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Work:
     session_id: str
     epoch: int
@@ -112,8 +112,12 @@ class _Work:
     dead: bool = False  # dropped while in flight; its outputs are discarded
 
     def fail(self, error: BaseException) -> None:
-        if self.future is not None and not self.future.done():
-            self.future.set_exception(error)
+        future = self.future
+        if future is not None and not future.done():
+            future.set_exception(error)
+            # Consumers that moved on (epoch bump, release) may never await: mark the error
+            # retrieved so it is not logged as lost; one that awaits still gets it, typed.
+            future.exception()
         if self.stream is not None:
             self.stream.fail(error)
 
@@ -125,12 +129,6 @@ class _Session:
     pending: deque[_Work] = field(default_factory=deque)
     inflight: _Work | None = None
     streams: weakref.WeakSet[_Stream] = field(default_factory=weakref.WeakSet)
-
-
-def _retrieve(fut: asyncio.Future) -> None:
-    # Consumers that moved on (epoch bump, release) may never await; errors stay typed, not logged.
-    if not fut.cancelled():
-        fut.exception()
 
 
 class StageEngine:
@@ -270,7 +268,6 @@ class StageEngine:
         Raises at once (typed): engine closed, session not open, stale epoch, queue full.
         """
         fut = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(_retrieve)
         self._enqueue(session_id, epoch, payload, seq, last, fut, None)
         return fut
 
@@ -562,21 +559,23 @@ class StageEngine:
                 self._m_item_fail.inc()
                 work.fail(StageItemError(self.name, work.session_id, out))
                 continue
-            if not isinstance(out, StageOutput):
-                out = StageOutput(out)
+            if isinstance(out, StageOutput):
+                value, final, next_input = out.payload, out.final, out.next_input
+            else:  # a bare payload is a final output
+                value, final, next_input = out, True, None
             self._m_item.observe(now - work.arrived)
             if work.stream is not None:
                 if work.stream.closed:
                     continue
                 work.stream.channel.put_nowait(
-                    Chunk(work.session_id, work.epoch, work.stream.next_seq, out.payload, out.final)
+                    Chunk(work.session_id, work.epoch, work.stream.next_seq, value, final)
                 )
                 work.stream.next_seq += 1
-            elif out.final:
+            elif final:
                 if not work.future.done():
-                    work.future.set_result(out.payload)
-            if not out.final:
-                payload = work.payload if out.next_input is None else out.next_input
+                    work.future.set_result(value)
+            if not final:
+                payload = work.payload if next_input is None else next_input
                 entry.pending.appendleft(
                     _Work(
                         work.session_id,

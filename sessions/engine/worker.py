@@ -76,7 +76,6 @@ class DeviceWorker:
                 if job is None:
                     return
                 loop, on_done, fn, args = job
-                job = None
                 result, error = None, None
                 try:
                     result = fn(*args)
@@ -84,11 +83,13 @@ class DeviceWorker:
                         stream.synchronize()
                 except BaseException as exc:  # handed to the awaiting coroutine, never lost
                     error = exc
-                fn = args = None  # hold no batch inputs while idle
+                fn = args = job = None  # hold no batch inputs while idle
                 # Signal last, then block in get() at once: the loop thread, woken by this
                 # call, should not have to wait for this thread to drop the GIL.
-                with contextlib.suppress(RuntimeError):  # loop already closed at interpreter exit
+                try:
                     loop.call_soon_threadsafe(on_done, result, error)
+                except RuntimeError:  # loop already closed at interpreter exit
+                    pass
                 on_done = result = error = None
 
     def _fail_jobs(self, error: BaseException) -> None:
