@@ -127,8 +127,10 @@ class _EngineExecutor:
         self.engine = engine
 
     async def execute(self, snapshot: TickSnapshot) -> TickOutput[PolicyChunk]:
-        await self.engine.open(snapshot.session_id)  # idempotent; a reset released the slot
-        chunk = await self.engine.submit(snapshot.session_id, snapshot.epoch, snapshot.payload)
+        engine, session_id = self.engine, snapshot.session_id
+        if not engine.is_open(session_id):  # the first tick, or the first after a reset
+            await engine.open(session_id)
+        chunk = await engine.submit(session_id, snapshot.epoch, snapshot.payload)
         return TickOutput(snapshot.metadata, chunk)
 
 

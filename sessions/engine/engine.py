@@ -222,6 +222,11 @@ class StageEngine:
         entry = self._sessions.get(session_id)
         return None if entry is None else entry.epoch
 
+    def is_open(self, session_id: str) -> bool:
+        """True when ``session_id`` holds an open slot (``open`` would return at once)."""
+        entry = self._sessions.get(session_id)
+        return entry is not None and entry.slot.status == "open"
+
     async def open(self, session_id: str) -> Slot:
         """Give ``session_id`` a slot (initialising the stage's state in it); idempotent."""
         if self._closed:
