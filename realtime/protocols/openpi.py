@@ -43,6 +43,7 @@ PROTOCOL_VERSION = "0.1"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 INTERNAL_ERROR = 1011
 RESET_OK = {"status": "reset successful"}
+REPLY_BUFFER_BYTES = 16 * 1024  # a connection's packer starts this big and grows to its largest reply
 
 ErrorMode = Literal["recoverable", "openpi"]
 _REFUSED_KINDS = frozenset("VOc")
@@ -309,12 +310,17 @@ class ServerConnection:
     state: State = State.HANDSHAKE
     _next_seq: int = 0
     _owed: deque[int] = field(default_factory=deque)
+    # One packer per connection, as openpi's server keeps one per handler: ``packb`` builds (and
+    # allocates a buffer for) a new one per call. Same bytes either way.
+    _packer: msgpack.Packer = field(
+        default_factory=lambda: msgpack.Packer(default=_pack_numpy, buf_size=REPLY_BUFFER_BYTES), repr=False
+    )
 
     def start(self, metadata: Mapping[str, Any]) -> bytes:
         if self.state is not State.HANDSHAKE:
             raise RuntimeError("metadata was already sent")
         self.state = State.OPEN
-        return packb(dict(metadata))
+        return self._packer.pack(dict(metadata))
 
     @property
     def pending(self) -> int:
@@ -350,20 +356,21 @@ class ServerConnection:
                 "server_timing": dict(event.server_timing),
                 "policy_timing": dict(event.policy_timing),
             }
-            return Outbound((packb(body),))
+            return Outbound((self._packer.pack(body),))
         if isinstance(event, ResetDone):
-            return Outbound((packb(RESET_OK),))
+            return Outbound((self._packer.pack(RESET_OK),))
         if self.error_mode == "openpi":
             self.state = State.CLOSED
             return Outbound((f"{event.code}: {event.message}",), (INTERNAL_ERROR, _reason(event.message)))
-        return Outbound((packb({"type": "error", "code": str(event.code), "message": event.message}),))
+        error = {"type": "error", "code": str(event.code), "message": event.message}
+        return Outbound((self._packer.pack(error),))
 
     def fatal(self, code: str, message: str, close_code: int) -> Outbound:
         """Close the connection: an error frame in the configured form, then the close code."""
         self.state = State.CLOSED
         if self.error_mode == "openpi":
             return Outbound((f"{code}: {message}",), (close_code, _reason(message)))
-        body = packb({"type": "error", "code": str(code), "message": message})
+        body = self._packer.pack({"type": "error", "code": str(code), "message": message})
         return Outbound((body,), (close_code, _reason(message)))
 
 
