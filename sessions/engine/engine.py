@@ -186,6 +186,7 @@ class StageEngine:
         self.slots = SlotTable(stage, self.worker, capacity, on_change=self._update_slot_gauges)
         self._abortable = isinstance(stage, AbortableStage)
         self._sessions: dict[str, _Session] = {}
+        self._releasing: dict[str, int] = {}  # session id -> releases in progress (an open racing one fails)
         self._pending_count = 0
         self._soon: asyncio.Handle | None = None  # a scheduling decision queued for the next iteration
         self._timer: asyncio.TimerHandle | None = None  # the coalescing window's deadline
@@ -235,6 +236,8 @@ class StageEngine:
         if entry is not None and entry.slot.status == "open":  # every tick of an open session
             return entry.slot
         slot = await self.slots.open(session_id)
+        if session_id in self._releasing:  # released while this open waited for its state
+            raise SessionReleasedError(session_id, "released while opening")
         if session_id not in self._sessions:
             self._sessions[session_id] = _Session(slot)
         self._update_slot_gauges()
@@ -242,7 +245,10 @@ class StageEngine:
         return slot
 
     async def release(self, session_id: str, reason: ReleaseReason = "close") -> None:
-        """Drop the session's work and free its slot (idempotent; raises if the stage's release fails)."""
+        """Drop the session's work and free its slot (idempotent; raises if the stage's release fails).
+
+        An ``open`` of the same session still in flight fails with :class:`SessionReleasedError`
+        instead of handing out the slot being released."""
         entry = self._sessions.pop(session_id, None)
         if entry is not None:
             error = SessionReleasedError(session_id, reason)
@@ -254,9 +260,14 @@ class StageEngine:
             entry.pending.clear()
             self._kill_inflight(entry, error)
             self._kick()
+        self._releasing[session_id] = self._releasing.get(session_id, 0) + 1
         try:
             await self.slots.release(session_id)
         finally:
+            if self._releasing[session_id] == 1:
+                del self._releasing[session_id]
+            else:
+                self._releasing[session_id] -= 1
             self._update_slot_gauges()
 
     async def evict(self, session_id: str) -> None:

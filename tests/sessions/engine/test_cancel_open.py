@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 
+from sessions.engine.errors import SessionNotOpenError, SessionReleasedError
 from tests.sessions.engine.conftest import metric
 from tests.sessions.engine.stages import GatedStateStage
 
@@ -88,3 +89,27 @@ async def test_open_cancelled_after_open_state_returned_is_released(make_engine)
         nxt = await asyncio.wait_for(engine.open("next"), 5.0)
         assert nxt.index == 0 and stage.doubled == []
         assert stage.released == [("late", 0)] and stage.live == {0: "next"}
+
+
+async def test_release_racing_an_open_leaves_no_stale_session(make_engine, registry):
+    """``release`` while ``open`` of the same session still runs: the open fails typed, the slot
+    is released once, and the engine keeps no entry pointing at the freed slot."""
+    stage = GatedStateStage(slot_capacity=1)
+    async with make_engine(stage) as engine:
+        opening = asyncio.create_task(engine.open("s"))
+        await asyncio.sleep(0)  # open_state is queued on the worker and blocks on the gate
+        releasing = asyncio.create_task(engine.release("s"))
+        await asyncio.sleep(0.05)
+        stage.gate.set()
+        opened, released = await asyncio.gather(opening, releasing, return_exceptions=True)
+        assert isinstance(opened, SessionReleasedError), opened
+        assert released is None
+        assert stage.released == [("s", 0)] and stage.live == {}
+        assert engine.active_sessions == 0 and len(engine.slots) == 0 and engine.slots.free == 1
+        assert not engine.is_open("s")
+        with pytest.raises(SessionNotOpenError):
+            engine.submit("s", 0, 1)
+        slot = await engine.open("s")  # a fresh open after the race works and is usable
+        assert slot.index == 0 and engine.is_open("s")
+        assert await engine.submit("s", 0, 1) == 16.0
+        assert metric(registry, "engine_slots_open", stage="gated") == 1
