@@ -264,10 +264,8 @@ class StageEngine:
         try:
             await self.slots.release(session_id)
         finally:
-            if self._releasing[session_id] == 1:
-                del self._releasing[session_id]
-            else:
-                self._releasing[session_id] -= 1
+            if left := self._releasing.pop(session_id) - 1:
+                self._releasing[session_id] = left
             self._update_slot_gauges()
 
     async def evict(self, session_id: str) -> None:
