@@ -6,13 +6,28 @@ Routes:
 - ``GET /readyz`` -> 503 until every enabled session kind loaded and warmed its models, then 200.
 - ``GET /metrics`` -> Prometheus text format from this app's own registry.
 - ``GET /v1/models`` -> served models and session kinds (OpenAI-style ``{"object": "list"}``).
-- each enabled session kind's websocket routes; a websocket that arrives before the server is
-  ready is accepted and closed with 1013 ("try again later").
+- each enabled session kind's routes (websockets, demo pages).
+
+Every request first passes the guard middleware, in this order:
+
+1. connection limit: beyond ``server.max_connections`` open connections (counted by the server,
+   see ``realtime/server.py``), HTTP requests get 503 and websockets are accepted and closed with
+   1013; the probes ``/healthz`` and ``/readyz`` are still answered (the server keeps a reserve
+   of connections for them);
+2. :func:`realtime.auth.check_request`: API key (every route but the probes) and, for websockets,
+   ``Origin``; refused before any websocket is accepted (HTTP 401 / 403), also while loading;
+3. readiness: a websocket that arrives while models load or the server drains is accepted and
+   closed with 1013 ("try again later").
+
+``AppState.websocket_limits`` is the route -> largest inbound message table the server's websocket
+transport enforces before a frame is assembled (each kind's ``<kind>.max_message_bytes``, capped
+by ``server.max_message_bytes``; other paths get the cap).
 
 Startup loads models on a worker thread after the server already listens, so probes can watch
 readiness. A load failure is logged and reported through ``on_fatal`` (the CLI exits non-zero).
-Shutdown: ``drain()`` closes every websocket with 1001 and a reason within the configured bound,
-then each kind's ``stop()`` releases its sessions and engines.
+Shutdown: ``drain()`` closes every websocket with 1001 and a reason, bounded by
+``server.shutdown_timeout_s`` whatever clients do (``ConnectionRegistry.close_all``), then each
+kind's ``stop()`` releases its sessions and engines.
 """
 
 from __future__ import annotations
@@ -27,12 +42,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Inf
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from realtime import __version__
+from realtime.auth import OPEN_PATHS, check_request
 from realtime.config import DeployConfig
-from realtime.connections import ConnectionRegistry
+from realtime.connections import ConnectionRegistry, DrainResult
 from realtime.kinds import build_kind
 from realtime.kinds.base import ServerContext, SessionKindService
 from realtime.progress import LoadProgress
@@ -54,6 +70,10 @@ class AppState:
     on_fatal: Callable[[str], None] | None = None
     draining: bool = False
     url: str | None = None
+    # open TCP connections as the server counts them (HTTP and websocket); set by the server
+    open_connections: Callable[[], int] = field(default=lambda: 0, repr=False)
+    websocket_limits: dict[str, int] = field(default_factory=dict)
+    max_connections: int = 0  # server.max_connections as the server applies it (fd limit)
     _announced: bool = field(default=False, repr=False)
     _load_task: asyncio.Task | None = field(default=None, repr=False)
 
@@ -85,10 +105,10 @@ class AppState:
                 "ready", extra={"url": self.url, "kinds": ",".join(k.name for k in self.kinds) or "none"}
             )
 
-    async def drain(self) -> int:
-        """Close all websockets with 1001 within the configured bound; idempotent."""
+    async def drain(self) -> DrainResult:
+        """Close all websockets with 1001 within ``server.shutdown_timeout_s``; idempotent."""
         if self.draining:
-            return 0
+            return DrainResult()
         self.draining = True
         self.ready = False
         self.ready_gauge.set(0)
@@ -109,21 +129,55 @@ class AppState:
                 log.exception("session kind stop failed", extra={"kind": kind.name})
 
 
-class _NotReadyGuard:
-    """Closes websockets with 1013 while models load or the server drains."""
+class _Guard:
+    """Connection limit, auth and origin, readiness: in front of every route (module docstring)."""
 
     def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        server = self.state.config.server
+        probe = scope["path"] in OPEN_PATHS
+        if not probe and self.state.open_connections() > self.state.max_connections:
+            await _try_again_later(scope, receive, send, "server is at its connection limit")
+            return
+        refusal = check_request(scope, server)
+        if refusal is not None:
+            if scope["type"] == "websocket":
+                await _refuse_handshake(scope, send, refusal.status, refusal.reason)
+            else:
+                await PlainTextResponse(refusal.reason + "\n", refusal.status)(scope, receive, send)
+            return
         if scope["type"] == "websocket" and (not self.state.ready or self.state.draining):
-            await receive()  # websocket.connect
-            await send({"type": "websocket.accept"})
             reason = "server is shutting down" if self.state.draining else "server is loading models"
-            await send({"type": "websocket.close", "code": CloseCode.TRY_AGAIN_LATER, "reason": reason})
+            await _try_again_later(scope, receive, send, reason)
             return
         await self.app(scope, receive, send)
+
+
+async def _try_again_later(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
+    """HTTP 503, or a websocket accepted and closed with 1013 (clients retry on both)."""
+    if scope["type"] == "http":
+        await PlainTextResponse(reason + "\n", 503)(scope, receive, send)
+        return
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.close", "code": CloseCode.TRY_AGAIN_LATER, "reason": reason})
+
+
+async def _refuse_handshake(scope: Scope, send: Send, status: int, reason: str) -> None:
+    """Answer a websocket handshake with an HTTP error instead of accepting it."""
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": CloseCode.POLICY_VIOLATION})  # servers send 403
+        return
+    body = (reason + "\n").encode()
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
 
 
 def create_app(config: DeployConfig) -> Starlette:
@@ -138,7 +192,13 @@ def create_app(config: DeployConfig) -> Starlette:
     kinds = [build_kind(name, context) for name in config.enabled_kinds()]
     for kind in kinds:
         conn_gauge.labels(kind=kind.name).set_function(lambda k=kind.name: connections.count(k))
-    state = AppState(config=config, context=context, kinds=kinds, ready_gauge=ready_gauge)
+    state = AppState(
+        config=config,
+        context=context,
+        kinds=kinds,
+        ready_gauge=ready_gauge,
+        max_connections=config.server.max_connections,
+    )
 
     async def healthz(_: Request) -> Response:
         return PlainTextResponse("OK\n")
@@ -182,9 +242,15 @@ def create_app(config: DeployConfig) -> Starlette:
         Route("/metrics", metrics),
         Route("/v1/models", list_models),
     ]
+    ceiling = config.server.max_message_bytes
     for kind in kinds:
-        routes.extend(kind.routes())
+        kind_routes = kind.routes()
+        routes.extend(kind_routes)
+        limit = min(getattr(getattr(config, kind.name), "max_message_bytes", ceiling), ceiling)
+        for route in kind_routes:
+            if isinstance(route, WebSocketRoute):
+                state.websocket_limits[route.path] = limit
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.rt = state
-    app.add_middleware(_NotReadyGuard, state=state)
+    app.add_middleware(_Guard, state=state)
     return app

@@ -82,6 +82,8 @@ class ServerConfig:
     ws_ping_timeout_s: PositiveFloat = 20.0
     max_message_bytes: PositiveInt = 64 * 1024 * 1024
     api_keys: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    max_connections: PositiveInt = 1000
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class RobotConfig:
     default_prompt: str = ""
     seed: int = 0
     max_message_bytes: PositiveInt = 64 * 1024 * 1024
+    max_prompt_chars: PositiveInt = 2000
     error_mode: Literal["recoverable", "openpi"] = "recoverable"
     max_batch: PositiveInt = 8
     coalesce_window_s: NonNegativeFloat = 0.02

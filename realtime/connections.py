@@ -1,8 +1,15 @@
 """Live websocket connections, so that shutdown can close every one of them with 1001.
 
 Route handlers wrap their whole lifetime in ``async with registry.track(websocket, kind)``.
-``close_all`` sends close code 1001 with a reason to each tracked socket and waits (bounded) for
-their handlers to finish releasing their sessions.
+
+``close_all(reason, timeout_s)`` is bounded whatever the clients do: it sends close code 1001
+with ``reason`` to every tracked socket **concurrently** (a client that does not read cannot
+hold up the others: its close waits on its own write buffer), waits for the handlers to finish
+releasing their sessions until ``timeout_s`` after it began, then aborts (RST, buffer dropped)
+the transport of every socket whose handler is still running or whose close frame is still
+unflushed. The server's websocket protocol exposes that abort through the ASGI scope extension
+:data:`TRANSPORT_EXTENSION` (a :class:`TransportControl`); without it (in-memory test
+transports) nothing can be aborted and such sockets are only counted.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket
@@ -19,12 +26,39 @@ from realtime.ws import CloseCode, close_quietly
 
 log = logging.getLogger(__name__)
 
+TRANSPORT_EXTENSION = "realtime.transport"
+
+
+@dataclass(frozen=True)
+class TransportControl:
+    """What the server lets the app do to a websocket's transport beyond the ASGI messages."""
+
+    abort: Callable[[], None]
+    buffered_bytes: Callable[[], int]
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """Outcome of :meth:`ConnectionRegistry.close_all`: sockets that ended by themselves, aborted."""
+
+    closed: int = 0
+    aborted: int = 0
+    undrained: int = 0  # still running at the deadline and not abortable
+
 
 @dataclass(eq=False)
 class _Tracked:
     websocket: WebSocket
     kind: str
     done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def transport(self) -> TransportControl | None:
+        return self.websocket.scope.get("extensions", {}).get(TRANSPORT_EXTENSION)
+
+    def flushed(self) -> bool:
+        transport = self.transport
+        return transport is None or transport.buffered_bytes() == 0
 
 
 class ConnectionRegistry:
@@ -48,22 +82,37 @@ class ConnectionRegistry:
             self._live.discard(entry)
             entry.done.set()
 
-    async def close_all(self, reason: str, timeout_s: float) -> int:
-        """Close every live websocket with 1001 and wait up to ``timeout_s`` for handlers to end.
-
-        Returns how many handlers had not finished by the deadline (0 on a clean drain).
-        """
+    async def close_all(self, reason: str, timeout_s: float) -> DrainResult:
+        """Close every live websocket with 1001, bounded by ``timeout_s`` in all (module docstring)."""
         self.accepting = False
         entries = list(self._live)
-        for entry in entries:
-            with contextlib.suppress(Exception):  # a peer vanishing mid-close must not stop the drain
-                await close_quietly(entry.websocket, CloseCode.GOING_AWAY, reason)
         if not entries:
-            return 0
+            return DrainResult()
+        closes = [asyncio.create_task(self._close(e, reason)) for e in entries]
         waits = [asyncio.create_task(e.done.wait()) for e in entries]
-        _, pending = await asyncio.wait(waits, timeout=timeout_s)
-        for task in pending:
+        await asyncio.wait(closes + waits, timeout=timeout_s)
+        for task in closes + waits:
             task.cancel()
-        if pending:
-            log.warning("shutdown drain timed out", extra={"undrained": len(pending)})
-        return len(pending)
+        await asyncio.gather(*closes, *waits, return_exceptions=True)
+        aborted = undrained = 0
+        for entry in entries:
+            if entry.done.is_set() and entry.flushed():
+                continue
+            transport = entry.transport
+            if transport is None:
+                undrained += 1
+                continue
+            transport.abort()
+            aborted += 1
+        result = DrainResult(len(entries) - aborted - undrained, aborted, undrained)
+        if aborted or undrained:
+            log.warning(
+                "shutdown drain timed out",
+                extra={"timeout_s": timeout_s, "aborted": aborted, "undrained": undrained},
+            )
+        return result
+
+    @staticmethod
+    async def _close(entry: _Tracked, reason: str) -> None:
+        with contextlib.suppress(Exception):  # a peer vanishing mid-close must not stop the drain
+            await close_quietly(entry.websocket, CloseCode.GOING_AWAY, reason)

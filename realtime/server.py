@@ -1,24 +1,150 @@
-"""Uvicorn runner with a graceful drain.
+"""Uvicorn runner: bounded graceful drain, a total connection limit, per-route websocket limits.
 
-On SIGTERM/SIGINT uvicorn stops accepting connections; before it tears connections down
+Shutdown (SIGTERM/SIGINT): uvicorn stops accepting connections; before it tears connections down
 (uvicorn itself would close websockets with 1012), :class:`GracefulServer` closes every session's
-websocket with 1001 and a reason and waits for their handlers, bounded by
-``server.shutdown_timeout_s``. The process then exits 0 (uvicorn's default re-raises the signal).
+websocket with 1001 and a reason, concurrently, and waits for their handlers; sockets still busy
+or unflushed when ``server.shutdown_timeout_s`` (the drain timeout) has passed are aborted
+(``ConnectionRegistry.close_all``). What is left of the bound goes to uvicorn's own shutdown of
+plain HTTP connections; then the kinds stop. The process exits 0 (uvicorn's default re-raises
+the signal) whatever clients do: a client that never reads cannot hold the drain.
+
+Connections: the app's guard answers 503 / 1013 beyond ``server.max_connections`` open TCP
+connections (HTTP and websocket, as uvicorn counts them) except for the probes. Beyond that plus
+:data:`PROBE_RESERVE` connections the HTTP protocol writes a bare 503 and closes at once, before
+reading anything, so a flood of idle TCP connections never reaches the process's fd limit (the
+configured limit is lowered, with a warning, to fit ``RLIMIT_NOFILE`` minus
+:data:`FD_HEADROOM`). A connection must finish its first request's headers within
+:data:`FIRST_REQUEST_TIMEOUT_S`, so idle sockets that never send a request do not hold slots.
+
+Websocket messages: :class:`RealtimeWebSocketProtocol` sets each connection's largest inbound
+message from the request path (``AppState.websocket_limits``: the kind's protocol limit), so
+``websockets`` refuses an oversized frame from its header, before its payload is read or
+assembled, and closes with 1009. It also stops reading from a peer while its outbound buffer is
+over the high-water mark (a peer that does not read cannot make the server queue pongs without
+bound), and exposes abort to the drain (``realtime.connections.TransportControl``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+import resource
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+from urllib.parse import unquote
 
 import uvicorn
 from starlette.applications import Starlette
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.http11 import Request as WsRequest
 
 from realtime.app import create_app
 from realtime.config import DeployConfig
+from realtime.connections import TRANSPORT_EXTENSION, TransportControl
 
 log = logging.getLogger("realtime.server")
+
+PROBE_RESERVE = 16  # connections kept above server.max_connections for /healthz and /readyz
+FD_HEADROOM = 256  # fds left for model files, worker pipes, logs when capping max_connections
+FIRST_REQUEST_TIMEOUT_S = 10.0  # a new connection must send its first request's headers by then
+MIN_HTTP_SHUTDOWN_S = 0.5  # uvicorn's own shutdown gets at least this after the websocket drain
+_SERVICE_UNAVAILABLE = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 34\r\nconnection: close\r\n\r\nserver is at its connection limit\n"
+)
+
+
+class LimitedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a hard connection cap and a first-request deadline."""
+
+    hard_limit: ClassVar[int]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._refused = False
+        self._first_request_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.hard_limit:
+            self._refused = True
+            self.transport = transport
+            transport.write(_SERVICE_UNAVAILABLE)
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._first_request_timer = self.loop.call_later(FIRST_REQUEST_TIMEOUT_S, self._first_request_late)
+
+    def _first_request_late(self) -> None:
+        self._first_request_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _cancel_first_request_timer(self) -> None:
+        if self._first_request_timer is not None:
+            self._first_request_timer.cancel()
+            self._first_request_timer = None
+
+    def on_headers_complete(self) -> None:
+        self._cancel_first_request_timer()
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_first_request_timer()
+        if not self._refused:
+            super().connection_lost(exc)
+
+
+class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's websockets-sansio protocol with per-route message limits (module docstring)."""
+
+    route_limits: ClassVar[Mapping[str, int]]
+    default_limit: ClassVar[int]
+
+    def handle_connect(self, event: WsRequest) -> None:
+        path = unquote(event.path.partition("?")[0])
+        self.conn.max_message_size = self.route_limits.get(path, self.default_limit)
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)  # absent when the handshake itself was rejected
+        if scope is not None:
+            scope["extensions"][TRANSPORT_EXTENSION] = TransportControl(
+                abort=self.transport.abort, buffered_bytes=self.transport.get_write_buffer_size
+            )
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self.read_paused and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    async def receive(self) -> Any:
+        message = await super().receive()  # resumes reading once the app drained the queue ...
+        if not self.writable.is_set() and not self.transport.is_closing():
+            self.transport.pause_reading()  # ... but not while the peer leaves our writes unread
+        return message
+
+
+def connection_limit(configured: int) -> int:
+    """``configured``, lowered to fit the process's fd limit (with a warning) when needed."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    fits = max(1, soft - FD_HEADROOM - PROBE_RESERVE)
+    if configured > fits:
+        log.warning(
+            "server.max_connections lowered to fit the fd limit",
+            extra={"configured": configured, "effective": fits, "rlimit_nofile": soft},
+        )
+        return fits
+    return configured
 
 
 class GracefulServer(uvicorn.Server):
@@ -26,7 +152,9 @@ class GracefulServer(uvicorn.Server):
         super().__init__(config)
         self.rt_app = app
         self.fatal_error: str | None = None
-        app.state.rt.on_fatal = self._on_fatal
+        state = app.state.rt
+        state.on_fatal = self._on_fatal
+        state.open_connections = lambda: len(self.server_state.connections)
 
     def _on_fatal(self, message: str) -> None:
         self.fatal_error = message
@@ -52,22 +180,39 @@ class GracefulServer(uvicorn.Server):
                     state.announce_ready()
 
     async def shutdown(self, sockets=None) -> None:
+        loop = asyncio.get_running_loop()
+        bound = self.rt_app.state.rt.config.server.shutdown_timeout_s
+        deadline = loop.time() + bound
         for server in self.servers:
             server.close()
-        undrained = await self.rt_app.state.rt.drain()
-        log.info("drained websockets", extra={"undrained": undrained})
+        result = await self.rt_app.state.rt.drain()
+        log.info(
+            "drained websockets",
+            extra={"closed": result.closed, "aborted": result.aborted, "undrained": result.undrained},
+        )
+        self.config.timeout_graceful_shutdown = max(MIN_HTTP_SHUTDOWN_S, deadline - loop.time())
         await super().shutdown(sockets)
 
 
 def build_server(config: DeployConfig, host: str | None = None, port: int | None = None) -> GracefulServer:
     app = create_app(config)
     server_cfg = config.server
+    state = app.state.rt
+    max_connections = connection_limit(server_cfg.max_connections)
+    http = type("HttpProtocol", (LimitedHttpProtocol,), {"hard_limit": max_connections + PROBE_RESERVE})
+    ws = type(
+        "WebSocketProtocol",
+        (RealtimeWebSocketProtocol,),
+        {"route_limits": dict(state.websocket_limits), "default_limit": server_cfg.max_message_bytes},
+    )
+    state.max_connections = max_connections
     uv_config = uvicorn.Config(
         app,
         host=host or server_cfg.host,
         port=server_cfg.port if port is None else port,
         log_config=None,
-        ws="websockets-sansio",
+        http=http,
+        ws=ws,
         ws_max_size=server_cfg.max_message_bytes,
         ws_ping_interval=server_cfg.ws_ping_interval_s,
         ws_ping_timeout=server_cfg.ws_ping_timeout_s,

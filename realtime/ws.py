@@ -12,8 +12,6 @@ from typing import TYPE_CHECKING
 
 from starlette.websockets import WebSocket, WebSocketState
 
-from realtime.auth import api_key_ok
-
 if TYPE_CHECKING:  # the server context imports the connection registry, which uses CloseCode
     from realtime.kinds.base import ServerContext
 
@@ -48,11 +46,9 @@ async def close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
 async def serve_websocket(
     websocket: WebSocket, ctx: ServerContext, kind: str, handler: Callable[[], Awaitable[None]]
 ) -> None:
-    """A kind's endpoint: API-key check (refused before accept: HTTP 403), accept, then run
-    ``handler`` tracked by the connection registry so shutdown can close it with 1001."""
-    if not api_key_ok(websocket.headers, ctx.config.server.api_keys):
-        await websocket.close(code=CloseCode.POLICY_VIOLATION, reason="unauthorized")
-        return
+    """A kind's endpoint: accept, then run ``handler`` tracked by the connection registry so
+    shutdown can close it with 1001. API key and ``Origin`` were already checked, before accept,
+    by the app's guard middleware (``realtime.auth.check_request``)."""
     await websocket.accept()
     async with ctx.connections.track(websocket, kind):
         await handler()
