@@ -7,6 +7,11 @@ reference ``openpi-and-robot-policy-servers.md`` §2.5):
   b"shape": [..]}`` with the four marker keys as msgpack **bin** (Python ``bytes`` literals);
 - numpy scalar -> ``{b"__npgeneric__": True, b"data": <native value>, b"dtype": dtype.str}``;
 - object (``O``), void/structured (``V``) and complex (``c``) dtypes are refused both ways;
+  inbound, a dtype string must be on an allow-list before numpy parses it (bool, ints, uints,
+  floats with any byte-order prefix or by name; ``U``/``S`` of at most
+  :data:`MAX_STRING_DTYPE_CHARS`; at most :data:`MAX_DTYPE_CHARS` characters), so no client
+  string can make numpy parse (or anything cache) an unbounded dtype; text arrays must hold valid
+  code points (no surrogates, nothing above U+10FFFF);
 - inbound only, vllm-omni's legacy markers ``{nd: True, type, kind, shape, data}`` (arrays) and
   ``{nd: False, type, data}`` (scalars), keys as bin or str; ``kind`` ``O``/``V`` is refused
   (the original msgpack-numpy would unpickle ``O``: there is no pickle here, ever).
@@ -15,6 +20,10 @@ Decoded arrays are zero-copy read-only views over the received bin payloads
 (``np.frombuffer``), exactly like openpi's; consumers must copy before any in-place change. A
 marker whose byte count does not equal ``prod(shape) * itemsize`` is refused (openpi silently
 accepts trailing bytes).
+
+An observation's ``prompt`` (str, bytes, or a 0-d ``U``/``S`` array) is bounded here, before any
+tokeniser sees it: at most ``max_prompt_chars`` characters (``robot.max_prompt_chars``) and valid
+Unicode, else ``invalid_observation``; ``session_id`` at most :data:`MAX_SESSION_ID_CHARS`.
 
 Session sequence (reference §2.2): the server sends the msgpack metadata frame **first**, before
 reading anything; then strictly one response per request, in request order. Requests are an
@@ -30,6 +39,7 @@ a text frame, then close 1011 — but with a one-line message, never a traceback
 from __future__ import annotations
 
 import enum
+import re
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +51,8 @@ import numpy as np
 PROTOCOL = "openpi"
 PROTOCOL_VERSION = "0.1"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_PROMPT_CHARS = 2000  # robot.max_prompt_chars
+MAX_SESSION_ID_CHARS = 256
 INTERNAL_ERROR = 1011
 RESET_OK = {"status": "reset successful"}
 REPLY_BUFFER_BYTES = 16 * 1024  # a connection's packer starts this big and grows to its largest reply
@@ -75,13 +87,6 @@ class CodecError(ValueError):
 # --------------------------------------------------------------------------- msgpack-numpy
 
 
-def _refuse_dtype(dtype: np.dtype) -> None:
-    if dtype.kind in _REFUSED_KINDS:
-        raise CodecError(
-            ErrorCode.UNSUPPORTED_DTYPE, f"unsupported dtype {dtype.str!r} (kind {dtype.kind!r})"
-        )
-
-
 def _pack_numpy(obj: Any) -> Any:
     if isinstance(obj, np.ndarray | np.generic):
         if obj.dtype.kind in _REFUSED_KINDS:
@@ -102,26 +107,39 @@ def packb(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_pack_numpy)
 
 
-_DTYPE_CACHE: dict[str | bytes, np.dtype] = {}  # accepted dtype strings -> dtype (decode is hot)
-_DTYPE_CACHE_MAX = 64
+# Dtype strings are checked against this allow-list before numpy sees them: numpy parses
+# strings such as "<i" + 60 million zeros + "8", and anything keyed by raw client strings could
+# pin memory. Numeric dtypes resolve through a fixed table; strings and bytes by regex.
+MAX_DTYPE_CHARS = 16
+MAX_STRING_DTYPE_CHARS = 65536  # longest "<U{n}" / "|S{n}" element
+_NUMERIC = ("b1", "i1", "u1", "i2", "i4", "i8", "u2", "u4", "u8", "f2", "f4", "f8")
+_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+_DTYPES: dict[str, np.dtype] = {
+    **{order + code: np.dtype(order + code) for code in _NUMERIC for order in ("<", ">", "|", "=", "")},
+    **{name: np.dtype(name) for name in (*_NAMES, "float16", "float32", "float64")},
+}
+_STRING_DTYPE = re.compile(r"([<>|=]?)([US])([1-9][0-9]{0,4})")
 
 
 def _dtype(raw: Any) -> np.dtype:
-    try:
-        return _DTYPE_CACHE[raw]
-    except (KeyError, TypeError):  # TypeError: an unhashable value, refused below
-        pass
-    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
-    if not isinstance(text, str):
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("ascii")
+        except UnicodeDecodeError:
+            raise CodecError(ErrorCode.UNSUPPORTED_DTYPE, "dtype must be an ASCII string") from None
+    if not isinstance(raw, str):
         raise CodecError(ErrorCode.INVALID_ARRAY, f"dtype must be a string, got {type(raw).__name__}")
-    try:
-        dtype = np.dtype(text)
-    except (TypeError, ValueError, SyntaxError):
-        raise CodecError(ErrorCode.UNSUPPORTED_DTYPE, f"unknown dtype {text[:40]!r}") from None
-    _refuse_dtype(dtype)
-    if len(_DTYPE_CACHE) < _DTYPE_CACHE_MAX:
-        _DTYPE_CACHE[raw] = dtype
-    return dtype
+    if len(raw) > MAX_DTYPE_CHARS:
+        raise CodecError(
+            ErrorCode.UNSUPPORTED_DTYPE, f"dtype string of {len(raw)} characters (at most {MAX_DTYPE_CHARS})"
+        )
+    dtype = _DTYPES.get(raw)
+    if dtype is not None:
+        return dtype
+    match = _STRING_DTYPE.fullmatch(raw)
+    if match is not None and int(match.group(3)) <= MAX_STRING_DTYPE_CHARS:
+        return np.dtype(raw)
+    raise CodecError(ErrorCode.UNSUPPORTED_DTYPE, f"unsupported dtype {raw!r}")
 
 
 def _ndarray(data: Any, dtype_raw: Any, shape_raw: Any) -> np.ndarray:
@@ -140,7 +158,18 @@ def _ndarray(data: Any, dtype_raw: Any, shape_raw: Any) -> np.ndarray:
             ErrorCode.INVALID_ARRAY,
             f"array of shape {list(shape_raw)} and dtype {dtype.str} needs {expected} bytes, got {len(data)}",
         )
+    if dtype.kind == "U":
+        _check_code_points(data, dtype)
     return np.ndarray(buffer=data, dtype=dtype, shape=shape_raw)
+
+
+def _check_code_points(data: bytes, dtype: np.dtype) -> None:
+    """Refuse text arrays holding what no ``str`` can: code points above U+10FFFF or surrogates."""
+    points = np.frombuffer(data, dtype=np.dtype("u4").newbyteorder(dtype.byteorder))
+    if bool(((points > 0x10FFFF) | ((points >= 0xD800) & (points <= 0xDFFF))).any()):
+        raise CodecError(
+            ErrorCode.INVALID_ARRAY, "text array holds invalid code points (surrogates or > U+10FFFF)"
+        )
 
 
 def _npgeneric(data: Any, dtype_raw: Any) -> np.generic:
@@ -187,6 +216,8 @@ def _legacy_numpy(obj: dict) -> Any:
     data = _legacy(obj, "data")
     if not isinstance(data, bytes) or len(data) != dtype.itemsize:
         raise CodecError(ErrorCode.INVALID_ARRAY, f"legacy scalar needs {dtype.itemsize} bytes of data")
+    if dtype.kind == "U":
+        _check_code_points(data, dtype)
     return np.frombuffer(data, dtype=dtype)[0]
 
 
@@ -307,6 +338,7 @@ class ServerConnection:
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     error_mode: ErrorMode = "recoverable"
+    max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
     state: State = State.HANDSHAKE
     _next_seq: int = 0
     _owed: deque[int] = field(default_factory=deque)
@@ -342,7 +374,7 @@ class ServerConnection:
         self._owed.append(seq)
         if isinstance(decoded, CodecError):
             return Rejected(seq, decoded.code, decoded.message)
-        return _command(seq, decoded)
+        return _command(seq, decoded, self.max_prompt_chars)
 
     def reply(self, event: Reply) -> Outbound:
         if self.state is not State.OPEN:
@@ -379,7 +411,29 @@ def _reason(message: str) -> str:
     return message.encode()[:123].decode("utf-8", "ignore")
 
 
-def _command(seq: int, message: Any) -> Command:
+def _prompt_problem(prompt: Any, max_chars: int) -> str | None:
+    """Why an observation's ``prompt`` is refused here (too long, not encodable), else ``None``.
+
+    Other shapes (not text at all) are left to the policy's ``prepare``, which names the rule.
+    """
+    if isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind in "US":
+        chars = prompt.dtype.itemsize // (4 if prompt.dtype.kind == "U" else 1)
+        if chars > max_chars * (1 if prompt.dtype.kind == "U" else 4):
+            return f"prompt must be at most {max_chars} characters"
+        prompt = prompt.item()
+    if isinstance(prompt, bytes) and len(prompt) > 4 * max_chars:
+        return f"prompt must be at most {max_chars} characters"
+    if isinstance(prompt, str):
+        if len(prompt) > max_chars:
+            return f"prompt must be at most {max_chars} characters, got {len(prompt)}"
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            return "prompt must be valid Unicode text (no lone surrogates)"
+    return None
+
+
+def _command(seq: int, message: Any, max_prompt_chars: int) -> Command:
     if not isinstance(message, dict):
         return Rejected(
             seq, ErrorCode.INVALID_PAYLOAD, f"expected a msgpack map, got {type(message).__name__}"
@@ -392,7 +446,16 @@ def _command(seq: int, message: Any) -> Command:
             return Reset(seq)
         if endpoint != "infer":
             return Rejected(seq, ErrorCode.UNKNOWN_ENDPOINT, f"unknown endpoint {str(endpoint)[:40]!r}")
+    problem = _prompt_problem(message.get("prompt"), max_prompt_chars)
+    if problem is not None:
+        return Rejected(seq, ErrorCode.INVALID_OBSERVATION, problem)
     session_id = message.get("session_id")
-    if session_id is not None and not isinstance(session_id, str | int):
-        return Rejected(seq, ErrorCode.INVALID_PAYLOAD, "session_id must be a string")
+    if session_id is not None and (
+        not isinstance(session_id, str | int) or len(str(session_id)) > MAX_SESSION_ID_CHARS
+    ):
+        return Rejected(
+            seq,
+            ErrorCode.INVALID_PAYLOAD,
+            f"session_id must be a string of at most {MAX_SESSION_ID_CHARS} characters",
+        )
     return Infer(seq, message, None if session_id is None else str(session_id))

@@ -9,6 +9,14 @@ States: ``AWAIT_START`` -> (``session.start``) -> ``STARTED`` -> (``session.clos
 and (when known) ``event_id``; the session goes on. Error codes: ``invalid_json``,
 ``unknown_type``, ``invalid_message``, ``message_too_large``, ``unexpected_binary``,
 ``not_started``, ``already_started``, ``unsupported_protocol_version`` (fatal, close 1008).
+
+Hostile JSON is typed too: ``NaN``/``Infinity``, numbers that overflow a float (``1e999``) and
+integers of more than :data:`MAX_INT_DIGITS` digits are ``invalid_message`` (Python would
+otherwise raise on 4,300-digit integers or overflow in arithmetic later); so are fields a message
+type does not define, ``session.ping`` data nested deeper than ``sessions.events.MAX_DEPTH``, and
+prompts with lone surrogates. Therefore every value a command carries can be rendered back by the
+``render_*`` functions (which never raise for them), and error messages quote client values cut to
+a few dozen characters.
 """
 
 from __future__ import annotations
@@ -22,13 +30,22 @@ from typing import Any
 
 from models.world.controls import ControlError, validate_control
 from sessions.errors import InvalidEventError
-from sessions.events import SessionEvent
+from sessions.events import SessionEvent, freeze_json
 
 PROTOCOL = "realtime-world"
 PROTOCOL_VERSION = 1
 FORMATS = ("jpeg", "fmp4")
 PACING = ("realtime", "fast")
 MAX_EVENT_ID = 2**53 - 1  # largest integer a JavaScript client parses exactly
+MAX_INT_DIGITS = 20  # longest JSON integer accepted (2**64 has 20 digits)
+_REPR_CHARS = 60  # client values quoted in error messages are cut to this
+_FIELDS = {
+    "session.start": frozenset({"type", "prompt", "seed", "width", "height", "fps", "format", "pacing"}),
+    "session.event": frozenset({"type", "event_id", "prompt", "controls", "client_ts_ms"}),
+    "session.reset": frozenset({"type"}),
+    "session.close": frozenset({"type"}),
+    "session.ping": frozenset({"type", "data"}),
+}
 
 
 class ErrorCode(enum.StrEnum):
@@ -107,17 +124,53 @@ class _Invalid(Exception):
     pass
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _REPR_CHARS else text[: _REPR_CHARS - 3] + "..."
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Invalid(f"integers may have at most {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Invalid(f"number {text[:_REPR_CHARS]} is out of range (numbers must be finite)")
+    return value
+
+
+def _parse_constant(name: str) -> Any:
+    raise _Invalid(f"{name} is not valid JSON (numbers must be finite)")
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` that refuses ``NaN``/``Infinity``, overflowing floats and huge integers."""
+    return json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+
+
+def _text_ok(value: str) -> bool:
+    """True if ``value`` is encodable text (JSON escapes can spell lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _int(raw: Mapping[str, Any], key: str, default: int) -> int:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _Invalid(f"{key} must be an integer, got {value!r}")
+        raise _Invalid(f"{key} must be an integer, got {_short(value)}")
     return value
 
 
 def _choice(raw: Mapping[str, Any], key: str, options: tuple[str, ...], default: str) -> str:
     value = raw.get(key, default)
     if value not in options:
-        raise _Invalid(f"{key} must be one of {', '.join(options)}, got {value!r}")
+        raise _Invalid(f"{key} must be one of {', '.join(options)}, got {_short(value)}")
     return value
 
 
@@ -135,13 +188,16 @@ class ServerConnection:
         return Rejected(ErrorCode.UNEXPECTED_BINARY, "clients send JSON text frames only")
 
     def receive_text(self, text: str) -> Command:
-        if len(text.encode()) > self.limits.max_message_bytes:
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.limits.max_message_bytes:
             return Rejected(
                 ErrorCode.MESSAGE_TOO_LARGE,
-                f"message of {len(text.encode())} bytes exceeds max_message_bytes={self.limits.max_message_bytes}",
+                f"message of {size} bytes exceeds max_message_bytes={self.limits.max_message_bytes}",
             )
         try:
-            raw = json.loads(text)
+            raw = _loads(text)
+        except _Invalid as exc:
+            return Rejected(ErrorCode.INVALID_MESSAGE, str(exc))
         except (json.JSONDecodeError, RecursionError) as exc:
             return Rejected(ErrorCode.INVALID_JSON, f"not valid JSON: {exc}")
         if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
@@ -152,19 +208,27 @@ class ServerConnection:
             "session.event": self._event,
             "session.reset": lambda r: Reset(),
             "session.close": lambda r: Close(),
-            "session.ping": lambda r: Ping(r.get("data")),
+            "session.ping": self._ping,
         }.get(kind)
         if handler is None:
-            return Rejected(ErrorCode.UNKNOWN_TYPE, f"unknown message type {kind!r}")
+            return Rejected(ErrorCode.UNKNOWN_TYPE, f"unknown message type {_short(kind)}")
         if kind == "session.start" and self.started:
             return Rejected(ErrorCode.ALREADY_STARTED, "session.start was already received")
         if kind not in ("session.start", "session.ping") and not self.started:
             return Rejected(ErrorCode.NOT_STARTED, f"{kind} before session.start")
+        unknown = set(raw) - _FIELDS[kind]
+        if unknown:
+            event_id = raw.get("event_id")
+            return Rejected(
+                ErrorCode.INVALID_MESSAGE,
+                f"unknown {kind} field(s): {_short(', '.join(sorted(unknown)))}",
+                event_id if _is_int(event_id) else None,
+            )
         try:
             command = handler(raw)
         except _Invalid as exc:
-            event_id = raw.get("event_id") if isinstance(raw.get("event_id"), int) else None
-            return Rejected(ErrorCode.INVALID_MESSAGE, str(exc), event_id)
+            event_id = raw.get("event_id")
+            return Rejected(ErrorCode.INVALID_MESSAGE, str(exc), event_id if _is_int(event_id) else None)
         if isinstance(command, Start):
             self.started = True
         elif isinstance(command, Close):
@@ -173,12 +237,11 @@ class ServerConnection:
 
     def _start(self, raw: dict[str, Any]) -> Start:
         lim = self.limits
-        unknown = set(raw) - {"type", "prompt", "seed", "width", "height", "fps", "format", "pacing"}
-        if unknown:
-            raise _Invalid(f"unknown session.start field(s): {', '.join(sorted(unknown))}")
         prompt = raw.get("prompt")
         if prompt is not None and (not isinstance(prompt, str) or len(prompt) > lim.max_prompt_chars):
             raise _Invalid(f"prompt must be a string of at most {lim.max_prompt_chars} characters")
+        if prompt is not None and not _text_ok(prompt):
+            raise _Invalid("prompt must be valid Unicode text (no lone surrogates)")
         width, height = _int(raw, "width", lim.width), _int(raw, "height", lim.height)
         if (width, height) != (lim.width, lim.height):
             raise _Invalid(
@@ -209,12 +272,26 @@ class ServerConnection:
             raise _Invalid(str(exc)) from None
         if event.prompt is not None and len(event.prompt) > self.limits.max_prompt_chars:
             raise _Invalid(f"prompt must be at most {self.limits.max_prompt_chars} characters")
+        if event.prompt is not None and not _text_ok(event.prompt):
+            raise _Invalid("prompt must be valid Unicode text (no lone surrogates)")
         for control in event.controls:
             try:
                 validate_control(control.track, control.schema, control.data)
             except ControlError as exc:
                 raise _Invalid(str(exc)) from None
         return Event(event)
+
+    def _ping(self, raw: dict[str, Any]) -> Ping:
+        data = raw.get("data")
+        try:
+            freeze_json(data)  # depth-bounded, so render_pong can always serialise it
+        except InvalidEventError as exc:
+            raise _Invalid(str(exc)) from None
+        return Ping(data)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _dump(message: dict[str, Any]) -> str:
