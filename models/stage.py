@@ -1,74 +1,65 @@
-"""The model-stage interface: what a model implements so the stage engine can batch it.
+"""The model-stage interface: what a model implements so the session runtime can drive it.
 
-The session runtime's ``StageEngine`` (``sessions/engine``) owns one stage and its device. It
-collects work from many sessions, calls ``forward`` with one batch on the stage's worker thread
-(never on the event loop) and fans the outputs back to the sessions. This module declares that
-interface without importing the runtime, so ``models/`` stays independent of ``sessions/``.
+This module declares the interface without importing the runtime, so ``models/`` stays
+independent of ``sessions/``. Stages come in two flavours:
 
-A stage implements :class:`ModelStage`; optional capabilities are separate protocols the engine
-detects with ``isinstance``:
+- :class:`BatchedStage` (``forward(items)``): the runtime's ``StageEngine`` owns the stage and its
+  device, collects work from many sessions, calls ``forward`` with one batch on the stage's worker
+  thread (never on the event loop) and fans the outputs back. The engine's dispatch policy decides
+  when a batch runs (coalescing, or a frame clock that steps every session each period).
+- :class:`StreamingStage` (``stream(item)``, ``abort(request_id)``): a stage that schedules itself,
+  such as an LLM on vLLM's ``AsyncLLM`` (continuous batching of its own). The runtime calls
+  ``stream`` once per request on the event loop and reads its chunks; the stage must run its
+  compute off the loop (its own engine, threads or processes). ``abort`` cuts a request short.
 
-- :class:`StatefulStage`: per-session resident state (KV caches, codec caches, the previous
-  action chunk). The engine's slot table gives every open session a slot index in
-  ``[0, slot_capacity)``; the stage keeps the state in pools preallocated for that many slots and
-  gathers a batch's rows with ``[item.slot for item in items]`` as one index tensor.
-  ``open_state`` / ``release_state`` run on the worker thread, serialized with forwards, so a
-  forward never sees a slot being reset under it.
-- :class:`AbortableStage`: in-flight work can be cut short when a session's epoch is bumped,
-  its request is cancelled or its slot is released (``abort`` is called from the event loop
-  thread, must be non-blocking and thread-safe: typically it sets a flag the forward checks
-  between inner steps; whatever the forward then returns for that item is discarded).
+Either flavour may also be a :class:`StatefulStage`: per-session resident state (KV caches, codec
+caches) in pools preallocated for ``slot_capacity`` sessions. The runtime's slot table is the one
+owner of slot indices: it gives every open session a slot in ``[0, slot_capacity)`` and the stage
+indexes its pools by it (``item.slot``); ``open_state`` / ``release_state`` run on the stage's
+worker thread, serialized with forwards, so a forward never sees a slot being reset under it.
+``state_bytes()`` is the one declaration of a session's resident bytes that capacity planning reads.
 
-Contract of ``forward(items)``:
+Contract of ``BatchedStage.forward(items)``:
 
 - ``items`` holds at most one item per session; its length is at most the engine's ``max_batch``.
-- It returns one entry per item, in order. An entry is either a plain value (the item's final
-  output), a :class:`StageOutput` (to stream: ``final=False`` asks the engine to call ``forward``
-  again for this item with ``step + 1`` and ``payload = next_input`` if given), or an
-  ``Exception`` instance, which fails only that item.
-- Raising fails every item of the batch (the engine keeps serving other batches).
+- It returns one entry per item, in order: the item's output, or an ``Exception`` instance, which
+  fails only that item.
+- Raising means "something in this batch failed"; the engine then re-runs the batch in halves
+  (bisecting) so only the offending item fails. A forward must therefore be transactional per
+  call: when it raises, no session's state changed (commit at the end, as the world model does).
 - It must not keep references to ``items`` after returning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
 class StageItem:
-    """One session's unit of work in a batch.
+    """One session's unit of work.
 
-    ``seq`` numbers the input chunk within its stream (0 for a single request); ``last`` is True
-    when this input is the final chunk of its stream (a decoder may flush its cache then);
-    ``step`` counts the forwards already run for this item (0 first; streaming stages use it).
-    ``slot`` / ``state`` are the session's resident-state slot index and the handle returned by
-    ``open_state`` (``None`` for stateless stages).
+    ``request_id`` is the tick's id (the session runtime's ``TickSnapshot.request_id``), which a
+    streaming stage's ``abort`` names. ``seq`` numbers the input chunk within its request (0 for a
+    single input); ``last`` is True when this input is the request's final chunk (a decoder may
+    flush its cache then). ``slot`` / ``state`` are the session's resident-state slot index and
+    the handle ``open_state`` returned (``None`` for stateless stages).
     """
 
     session_id: str
     epoch: int
     payload: Any
+    request_id: str = ""
     seq: int = 0
-    step: int = 0
     last: bool = True
     slot: int | None = None
     state: Any = None
 
 
-@dataclass(frozen=True, slots=True)
-class StageOutput:
-    """An explicit output: ``final=False`` means more chunks follow for this item."""
-
-    payload: Any
-    final: bool = True
-    next_input: Any = None
-
-
 @runtime_checkable
-class ModelStage(Protocol):
+class BatchedStage(Protocol):
     """A batched model stage. ``device`` is a torch device string such as ``"cpu"`` or ``"cuda:0"``."""
 
     name: str
@@ -80,13 +71,35 @@ class ModelStage(Protocol):
 
 
 @runtime_checkable
-class StatefulStage(ModelStage, Protocol):
+class StreamingStage(Protocol):
+    """A self-scheduling stage: one request in, a stream of chunks out."""
+
+    name: str
+    device: str
+
+    def stream(self, item: StageItem) -> AsyncIterator[Any]:
+        """Start ``item`` and yield its output chunks in order; the iterator ends after the last.
+
+        Called on the event loop; the compute must run elsewhere. Raising fails the request.
+        """
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Cut the request short (barge-in, reset, release); non-blocking, idempotent.
+
+        After ``abort`` the stream may end early or raise; whatever it still yields is dropped.
+        """
+        ...
+
+
+@runtime_checkable
+class StatefulStage(Protocol):
     """A stage with per-session resident state held in ``slot_capacity`` preallocated slots."""
 
     slot_capacity: int
 
     def state_bytes(self) -> int:
-        """Resident bytes one session's state holds (feeds the runtime's capacity planning)."""
+        """Resident bytes one session's state holds (feeds the runtime's one capacity plan)."""
         ...
 
     def open_state(self, session_id: str, slot: int) -> Any:
@@ -98,15 +111,4 @@ class StatefulStage(ModelStage, Protocol):
         ...
 
 
-@runtime_checkable
-class AbortableStage(Protocol):
-    """A stage whose in-flight work for a session can be cut short."""
-
-    def abort(self, session_id: str) -> None:
-        """Cut the running forward's work for ``session_id`` short; non-blocking, thread-safe.
-
-        Only called while a forward holding that session's item runs (or has just returned), and
-        the engine starts no other forward before that one's outputs were handed out, so a stage
-        clears a session's abort flag at the start of each forward.
-        """
-        ...
+ModelStage = BatchedStage | StreamingStage

@@ -1,5 +1,10 @@
 """Typed errors of the session runtime.
 
+This is the one error hierarchy of the runtime: the stage engine's errors
+(:mod:`sessions.engine.errors`) derive from :class:`SessionError` too, so a kind maps any of them
+to a protocol error by ``code`` alone. :class:`TransientError` (and its engine subclasses such as
+a full queue) never fails a session.
+
 Contract: every error a client may cause or observe is a :class:`SessionError` with a stable
 machine-readable ``code`` (the protocol layer puts it on the wire), a one-line human message and
 JSON-like ``details`` (limits, floors, counts). The codes are listed in ``docs/sessions.md``;
@@ -133,10 +138,11 @@ class MailboxFullError(SessionError):
     code = "mailbox_full"
 
 
-class StaleEpochError(SessionError):
-    """Tracked work noticed that its session's epoch moved on (reset, close, failure)."""
+class TransientError(SessionError):
+    """Work was refused for now (a full queue, backpressure) before anything started: nothing
+    changed, the session stays ACTIVE, and the same request may be sent again later."""
 
-    code = "stale_epoch"
+    code = "busy"
 
 
 class CapacityError(SessionError, ValueError):

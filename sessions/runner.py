@@ -4,7 +4,9 @@ Contract (the duplex runner's concurrency model, vllm-omni surfaces reference §
 
 - :class:`SessionRunner` owns one session's mutations: ``submit(item)`` puts a command into a
   bounded mailbox without waiting (a full mailbox raises :class:`MailboxFullError`, answered as
-  backpressure); the runner task awaits ``handle(item)`` for one item at a time, in order. A
+  backpressure), ``await put(item)`` waits for room instead, ``post(item)`` queues the runner's
+  own follow-up work past the bound; the runner task awaits ``handle(item)`` for one item at a
+  time, in order. A
   handler exception goes to ``on_error(item, exc)`` (default: logged) and the runner goes on.
   Slow work is never awaited inside ``handle``: it is spawned on :attr:`SessionRunner.tasks` so a
   later command (a reset, a cancel) is never stuck behind it.
@@ -23,7 +25,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from sessions.errors import MailboxFullError, StaleEpochError
+from sessions.engine.errors import StaleEpochError
+from sessions.errors import MailboxFullError
 from sessions.log_context import session_context
 
 log = logging.getLogger("sessions.runner")
@@ -46,7 +49,7 @@ class EpochFence:
 
     def check(self) -> None:
         if not self.alive:
-            raise StaleEpochError(f"work from epoch {self.epoch} is stale (now {self._source()})")
+            raise StaleEpochError("session", self.epoch, self._source())
 
 
 class TrackedTasks:
@@ -116,7 +119,8 @@ class SessionRunner(Generic[Item]):
         if mailbox_size < 1:
             raise ValueError(f"mailbox_size must be >= 1, got {mailbox_size}")
         self._handle = handle
-        self._mailbox: asyncio.Queue[Item] = asyncio.Queue(mailbox_size + 1)  # +1: room for stop
+        self._mailbox: asyncio.Queue[Item] = asyncio.Queue()  # bounded by submit/put, not the queue
+        self._room = asyncio.Event()
         self._limit = mailbox_size
         self._session_id = session_id
         self._on_error = on_error
@@ -139,6 +143,18 @@ class SessionRunner(Generic[Item]):
             )
         self._mailbox.put_nowait(item)
 
+    async def put(self, item: Item) -> None:
+        """Queue ``item``, waiting while the mailbox is at its bound (a reader's backpressure)."""
+        while self._mailbox.qsize() >= self._limit:
+            self._room.clear()
+            await self._room.wait()
+        self._mailbox.put_nowait(item)
+
+    def post(self, item: Item) -> None:
+        """Queue an internal item (a tick result, a timer) past the bound: the runner's own work
+        is bounded by construction and must never wait behind client commands."""
+        self._mailbox.put_nowait(item)
+
     async def stop(self) -> None:
         """Process what was submitted before, then stop; cancels tracked tasks."""
         if self._task is not None:
@@ -159,6 +175,7 @@ class SessionRunner(Generic[Item]):
         with session_context(self._session_id):
             while True:
                 item = await self._mailbox.get()
+                self._room.set()
                 if item is _STOP:
                     return
                 try:

@@ -25,6 +25,13 @@ Contract:
   (:class:`TickSupersededError`). The executor runs in the caller's task (no task per tick);
   reset and close cut it short by cancelling that task and withdraw their cancel request before
   the caller sees the error, so only the caller's own cancels surface as ``CancelledError``.
+- ``stream_tick(payload)`` is the streaming form (an async iterator; voice responses): the
+  executor's ``stream(snapshot)`` chunks come out as :class:`~sessions.tick.TickChunk` (the tick's
+  metadata, a ``seq`` from 0, the value); the tick commits after the last chunk, exactly as
+  ``next_tick`` commits its one result. A reset, close or failure while it streams raises
+  :class:`TickSupersededError` from the iterator and commits nothing.
+- A :class:`~sessions.errors.TransientError` from the executor (a full engine queue) is raised
+  as is and does not fail the session: the work was refused before it started.
 - ``await reset()`` (ACTIVE or FAILED): bump ``epoch``, cancel an in-flight tick, discard
   pending events (not replayed; their ids stay duplicate), clear prompt, controls and the
   kind's ``state``, reset the reducer, restart at chunk 0, release worker state with reason
@@ -39,10 +46,11 @@ cancelled).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -59,13 +67,14 @@ from sessions.errors import (
     StaleEventError,
     TickFailedError,
     TickSupersededError,
+    TransientError,
 )
 from sessions.events import ControlInput, SeenEventIds, SessionEvent
 from sessions.identities import RequestIdFactory, default_request_id
 from sessions.lifecycle import LifecycleBackend, ReleaseReason
 from sessions.log_context import session_context
 from sessions.reducer import ControlReducer, LatestWinsReducer, PreparedControls
-from sessions.tick import TickExecutor, TickResult, TickSnapshot
+from sessions.tick import TickChunk, TickExecutor, TickResult, TickSnapshot
 
 log = logging.getLogger("sessions.session")
 
@@ -230,33 +239,15 @@ class Session:
             self._require_active()
             epoch = self._epoch
             self.touch()
+            snapshot, prepared = await self._prepare(payload)
             try:
-                snapshot, prepared = self._build_snapshot(payload)
-            except Exception as exc:
-                await self._fail(
-                    TickFailedError(
-                        f"tick {self._chunk_index} failed preparing controls ({type(exc).__name__})",
-                        chunk_index=self._chunk_index,
-                    ),
-                    exc,
-                )
-            try:
-                result = await self._execute(snapshot)
+                result = await self._execute(self._executor.execute(snapshot))
             except asyncio.CancelledError:
                 self._mark_failed("cancelled")
                 self._tick_finished("cancelled", None)
                 raise
             except Exception as exc:
-                if self._epoch != epoch:
-                    raise self._superseded(snapshot) from exc
-                await self._fail(
-                    TickFailedError(
-                        f"tick {snapshot.chunk_index} failed in the model ({type(exc).__name__})",
-                        chunk_index=snapshot.chunk_index,
-                        request_id=snapshot.request_id,
-                    ),
-                    exc,
-                )
+                await self._executor_failed(snapshot, epoch, exc)
             if result is _CUT or self._epoch != epoch:
                 raise self._superseded(snapshot)
             returned = getattr(result, "metadata", None)
@@ -269,24 +260,99 @@ class Session:
                         request_id=snapshot.request_id,
                     )
                 )
-            try:
-                self._reducer.commit(prepared)
-            except Exception as exc:
-                await self._fail(
-                    ReducerCommitError(
-                        f"control reducer commit failed ({type(exc).__name__}); nothing was committed",
-                        chunk_index=snapshot.chunk_index,
-                    ),
-                    exc,
-                )
-            self._commit(snapshot, prepared)
-            self._tick_finished("committed", None)
+            await self._commit_tick(snapshot, prepared)
             return result
         finally:
             lock.release()
 
-    async def _execute(self, snapshot: TickSnapshot) -> Any:
-        """Await the executor in the caller's own task: no task per tick, so no extra loop
+    async def stream_tick(self, payload: Any = None) -> AsyncIterator[TickChunk]:
+        """Run one streaming tick: yield its chunks, each tagged with the tick's identity; commit
+        after the last one (see the module contract). The caller must iterate to the end: leaving
+        early counts as a cancelled tick (the session fails)."""
+        self._require_active()
+        lock = self._tick_lock
+        await lock.acquire()
+        try:
+            self._require_active()
+            epoch = self._epoch
+            self.touch()
+            snapshot, prepared = await self._prepare(payload)
+            chunks = self._executor.stream(snapshot)
+            seq, finished = 0, False
+            try:
+                while True:
+                    if self._epoch != epoch:
+                        raise self._superseded(snapshot)
+                    try:
+                        value = await self._execute(_next_chunk(chunks))
+                    except asyncio.CancelledError:
+                        self._mark_failed("cancelled")
+                        self._tick_finished("cancelled", None)
+                        raise
+                    except Exception as exc:
+                        await self._executor_failed(snapshot, epoch, exc)
+                    if value is _CUT or self._epoch != epoch:
+                        raise self._superseded(snapshot)
+                    if value is _END:
+                        break
+                    yield TickChunk(snapshot.metadata, seq, value)
+                    seq += 1
+                finished = True
+            finally:
+                if not finished and self._epoch == epoch:  # the consumer left early
+                    self._mark_failed("cancelled")
+                    self._tick_finished("cancelled", None)
+                with contextlib.suppress(Exception):
+                    await chunks.aclose()
+            await self._commit_tick(snapshot, prepared)
+        finally:
+            lock.release()
+
+    async def _prepare(self, payload: Any) -> tuple[TickSnapshot, PreparedControls]:
+        try:
+            return self._build_snapshot(payload)
+        except Exception as exc:
+            await self._fail(
+                TickFailedError(
+                    f"tick {self._chunk_index} failed preparing controls ({type(exc).__name__})",
+                    chunk_index=self._chunk_index,
+                ),
+                exc,
+            )
+            raise  # unreachable: _fail raises
+
+    async def _executor_failed(self, snapshot: TickSnapshot, epoch: int, exc: Exception) -> None:
+        """Raise the right error for an executor failure: superseded, transient, or fail closed."""
+        if self._epoch != epoch:
+            raise self._superseded(snapshot) from exc
+        if isinstance(exc, TransientError):  # refused before it started: nothing changed
+            self._tick_finished("rejected", exc.code)
+            raise exc
+        await self._fail(
+            TickFailedError(
+                f"tick {snapshot.chunk_index} failed in the model ({type(exc).__name__})",
+                chunk_index=snapshot.chunk_index,
+                request_id=snapshot.request_id,
+            ),
+            exc,
+        )
+
+    async def _commit_tick(self, snapshot: TickSnapshot, prepared: PreparedControls) -> None:
+        try:
+            self._reducer.commit(prepared)
+        except Exception as exc:
+            await self._fail(
+                ReducerCommitError(
+                    f"control reducer commit failed ({type(exc).__name__}); nothing was committed",
+                    chunk_index=snapshot.chunk_index,
+                ),
+                exc,
+            )
+        self._commit(snapshot, prepared)
+        self._tick_finished("committed", None)
+
+    async def _execute(self, work: Awaitable[Any]) -> Any:
+        """Await executor work in the caller's own task: no task per tick, so no extra loop
         iterations on the hot path. Reset and close cut the call short by cancelling that task
         (:meth:`_cut_tick`); their cancel request is withdrawn here (``Task.uncancel``, as
         ``asyncio.timeout`` does) and ``_CUT`` returned, unless the caller was cancelled too, in
@@ -295,7 +361,7 @@ class Session:
         assert task is not None
         self._tick_task = task
         try:
-            return await self._executor.execute(snapshot)
+            return await work
         except asyncio.CancelledError:
             if self._cutting:
                 self._cutting = False
@@ -500,6 +566,14 @@ class Session:
 
 
 _CUT = object()  # what _execute returns when reset or close cut the executor call short
+_END = object()  # what _next_chunk returns after a stream's last chunk
+
+
+async def _next_chunk(chunks: AsyncIterator[Any]) -> Any:
+    try:
+        return await chunks.__anext__()
+    except StopAsyncIteration:
+        return _END
 
 
 def _track(control: ControlInput) -> str:

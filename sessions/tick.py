@@ -7,7 +7,8 @@ Contract (architecture invariant 3; vllm-omni seed reference §2.3-2.5):
   (one per track, sorted by track), the applied ``events`` themselves, the session ``epoch`` and
   an opaque ``payload`` (a robot observation; the kind must not mutate it). ``chunk_index == 0``
   means fresh worker state (first tick after create or reset).
-- A :class:`TickExecutor` is what a session kind plugs in: ``await execute(snapshot)`` returns any
+- A :class:`TickExecutor` runs ticks (``sessions.executor.StageExecutor`` is the one production
+  executor): ``await execute(snapshot)`` returns any
   object with a ``metadata`` attribute (:class:`TickOutput` is the ready-made one). The session
   commits only if ``result.metadata == snapshot.metadata`` exactly; anything else fails the
   session. Executors run model compute off the event loop (normally through the stage engine).
@@ -15,6 +16,7 @@ Contract (architecture invariant 3; vllm-omni seed reference §2.3-2.5):
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -92,6 +94,15 @@ class TickOutput(Generic[T]):
     value: T
 
 
+@dataclass(frozen=True, slots=True)
+class TickChunk(Generic[T]):
+    """One chunk of a streaming tick: the tick's identity, its position and the kind's value."""
+
+    metadata: TickMetadata
+    seq: int
+    value: T
+
+
 class TickResult(Protocol):
     @property
     def metadata(self) -> TickMetadata: ...
@@ -100,4 +111,8 @@ class TickResult(Protocol):
 class TickExecutor(Protocol):
     async def execute(self, snapshot: TickSnapshot) -> TickResult:
         """Run one tick; raise on failure. Must not mutate the snapshot or its payload."""
+        ...
+
+    def stream(self, snapshot: TickSnapshot) -> AsyncIterator[Any]:
+        """Run one streaming tick: its chunks' values in order (``Session.stream_tick``)."""
         ...

@@ -2,16 +2,19 @@
 
 Public API (see docs/engine.md):
 
-- :class:`StageEngine` — one model stage (``models.stage.ModelStage``) batched across sessions;
-  ``open`` / ``release`` / ``evict`` slots, ``submit`` (one result) / ``stream`` (chunks),
-  ``bump_epoch``, ``close``. It is a ``sessions.lifecycle.LifecycleBackend``.
-- :class:`Pipeline` — engines chained by bounded channels; chunks flow downstream as they exist.
+- :class:`StageRunner` — the interface kinds, executors and pipelines use; implemented by:
+- :class:`StageEngine` — a batched stage (``models.stage.BatchedStage``) batched across sessions
+  under a dispatch policy (:class:`Coalescing` or :class:`FrameClock`);
+- :class:`StreamingStageEngine` — a self-scheduling streaming stage (``models.stage.StreamingStage``);
+- :class:`Pipeline` — runners chained by bounded channels; chunks flow downstream as they exist.
+  Each is a ``sessions.lifecycle.LifecycleBackend``.
 - :class:`Chunk`, :class:`Channel`, :class:`ChunkStream`, :data:`BackpressurePolicy`.
 - :class:`DeviceWorker` — the worker thread (own CUDA stream on a GPU) forwards run on.
 - Typed errors in :mod:`sessions.engine.errors`.
 """
 
 from sessions.engine.channels import BackpressurePolicy, Channel, Chunk
+from sessions.engine.dispatch import Coalescing, DispatchPolicy, FrameClock
 from sessions.engine.engine import StageEngine, check_stall_timeout
 from sessions.engine.errors import (
     EngineClosedError,
@@ -26,8 +29,10 @@ from sessions.engine.errors import (
     StaleEpochError,
     StallError,
 )
-from sessions.engine.pipeline import Pipeline
+from sessions.engine.pipeline import Pipeline, PipelineResult
+from sessions.engine.protocol import StageRunner
 from sessions.engine.slots import Slot, SlotTable
+from sessions.engine.streaming import StreamingStageEngine
 from sessions.engine.streams import ChunkStream
 from sessions.engine.worker import DeviceWorker
 
@@ -36,6 +41,12 @@ __all__ = [
     "Channel",
     "Chunk",
     "ChunkStream",
+    "Coalescing",
+    "DispatchPolicy",
+    "FrameClock",
+    "PipelineResult",
+    "StageRunner",
+    "StreamingStageEngine",
     "DeviceWorker",
     "EngineClosedError",
     "EngineConfigError",

@@ -123,13 +123,12 @@ class Channel:
         self._space()
         return chunk
 
-    def purge(self, predicate: Callable[[Chunk], bool]) -> int:
-        """Remove buffered chunks matching ``predicate``; returns how many."""
-        kept = deque(c for c in self._items if not predicate(c))
-        removed = len(self._items) - len(kept)
+    def purge(self, predicate: Callable[[Chunk], bool]) -> list[Chunk]:
+        """Remove buffered chunks matching ``predicate``; returns them."""
+        removed = [c for c in self._items if predicate(c)]
         if removed:
-            self._items = kept
-            self._count(-removed)
+            self._items = deque(c for c in self._items if not predicate(c))
+            self._count(-len(removed))
             self._space()
         return removed
 

@@ -1,17 +1,21 @@
 """``StageEngine``: one model stage, batched across sessions, forwards off the event loop.
 
 Scheduling (one forward in flight per engine; decisions are taken only while the worker is free,
-so work that arrives during a forward simply joins the next batch):
+so work that arrives during a forward simply joins the next batch). A batch holds at most
+``max_batch`` items and at most one item per session, oldest first. *When* it runs is the
+engine's :class:`~sessions.engine.dispatch.DispatchPolicy`:
 
-- A batch holds at most ``max_batch`` items and at most one item per session, oldest first.
-- It dispatches at once when ``max_batch`` sessions have ready work, or when at most
-  ``eager_remaining`` open sessions have nothing pending (with the default 0: every open
-  session has submitted, so waiting cannot grow the batch), or when ``coalesce_window_s`` is 0.
-- Otherwise it waits until the oldest ready item's arrival + ``coalesce_window_s``. The
-  deadline belongs to that item: later arrivals join the batch but never extend the wait.
-- Waiting allocates nothing; session state exists only between ``open`` and ``release``.
-- A streaming item whose ``block`` output channel is full is not ready (backpressure) and waits
-  without holding up other sessions.
+- :class:`~sessions.engine.dispatch.Coalescing` (the default): dispatch at once when
+  ``max_batch`` sessions have ready work, or when at most ``eager_remaining`` open sessions have
+  nothing pending (waiting cannot grow the batch), or when the window is 0; otherwise wait until
+  the oldest ready item's arrival + ``coalesce_window_s`` (later arrivals never extend it).
+- :class:`~sessions.engine.dispatch.FrameClock`: every ``period_s`` all open sessions step
+  together; a session with nothing pending steps on the policy's silence input and its output
+  goes to the policy's ``on_silence_output``.
+
+Waiting allocates nothing; session state exists only between ``open`` and ``release``. A
+streaming item whose ``block`` output channel is full is not ready (backpressure) and waits
+without holding up other sessions.
 
 Scheduling is callback-driven, with no scheduler task: any change that can make work
 dispatchable (submit, open, release, epoch bump, room in a stream's channel) asks for one
@@ -22,13 +26,14 @@ completes the eager rule while no forward runs (the lone robot's tick) posts its
 worker at once, inside ``submit``. The tick's hand-off is therefore: submit -> worker thread ->
 completion callback -> the item's future, with no task switch in between.
 
-Results fan out to each item's future or chunk stream. A forward that raises fails every item of
-its batch with :class:`StageBatchError`; an ``Exception`` returned for one item fails only that
-item with :class:`StageItemError`. Either way the engine keeps serving.
+Results fan out to each item's future or chunk stream. Batch isolation: an ``Exception`` returned
+for one item fails only that item (:class:`StageItemError`); a forward that *raises* is re-run on
+the worker in halves, recursively (bisect), so only the items whose forward raises alone fail
+(:class:`StageBatchError`) and the others get their outputs. Either way the engine keeps serving.
 
 Epochs: ``bump_epoch(session_id, epoch)`` (or a submit with a newer epoch) drops the session's
-queued work and buffered chunks of older epochs, discards the result of its in-flight item and
-calls ``stage.abort`` when the stage supports it; their consumers get :class:`StaleEpochError`.
+queued work and buffered chunks of older epochs and discards the result of its in-flight item;
+their consumers get :class:`StaleEpochError`.
 
 The engine is a :class:`sessions.lifecycle.LifecycleBackend`: ``release`` fails the session's
 pending work with :class:`SessionReleasedError` and frees its slot after any in-flight forward.
@@ -49,8 +54,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from models.stage import AbortableStage, ModelStage, StageItem, StageOutput
+from models.stage import BatchedStage, StageItem
 from sessions.engine.channels import BackpressurePolicy, Channel, Chunk, check_capacity, check_policy
+from sessions.engine.dispatch import Coalescing, DispatchPolicy, SessionView
 from sessions.engine.errors import (
     EngineClosedError,
     EngineConfigError,
@@ -103,13 +109,14 @@ class _Work:
     session_id: str
     epoch: int
     payload: Any
+    request_id: str
     seq: int
     last: bool
-    step: int
     arrived: float
     future: asyncio.Future | None = None
     stream: _Stream | None = None
     dead: bool = False  # dropped while in flight; its outputs are discarded
+    silent: bool = False  # a frame-clock step on silence: its output goes to the policy
 
     def fail(self, error: BaseException) -> None:
         future = self.future
@@ -132,16 +139,20 @@ class _Session:
 
 
 class StageEngine:
-    """Owns one :class:`models.stage.ModelStage`, its worker thread and its slot table."""
+    """Owns one :class:`models.stage.BatchedStage`, its worker thread and its slot table.
+
+    A :class:`~sessions.engine.protocol.StageRunner` (the interface kinds and pipelines use).
+    """
 
     def __init__(
         self,
-        stage: ModelStage,
+        stage: BatchedStage,
         *,
         registry: CollectorRegistry,
         max_batch: int = 8,
         coalesce_window_s: float = 0.010,
         eager_remaining: int = 0,
+        dispatch: DispatchPolicy | None = None,
         max_pending: int = 1024,
         max_sessions: int | None = None,
         stream_buffer: int = 8,
@@ -153,14 +164,7 @@ class StageEngine:
         check_capacity("max_pending", max_pending)
         check_capacity("stream_buffer", stream_buffer)
         check_policy(backpressure)
-        if not (isinstance(coalesce_window_s, int | float) and math.isfinite(coalesce_window_s)) or (
-            coalesce_window_s < 0
-        ):
-            raise EngineConfigError(
-                f"coalesce_window_s must be a finite number >= 0, got {coalesce_window_s!r}"
-            )
-        if isinstance(eager_remaining, bool) or not isinstance(eager_remaining, int) or eager_remaining < 0:
-            raise EngineConfigError(f"eager_remaining must be an integer >= 0, got {eager_remaining!r}")
+        self.dispatch = dispatch if dispatch is not None else Coalescing(coalesce_window_s, eager_remaining)
         capacity = (
             max_sessions
             if max_sessions is not None
@@ -175,8 +179,6 @@ class StageEngine:
         self.stage = stage
         self.name = stage.name
         self.max_batch = max_batch
-        self.coalesce_window_s = float(coalesce_window_s)
-        self.eager_remaining = eager_remaining
         self.max_pending = max_pending
         self.stream_buffer = stream_buffer
         self.backpressure: BackpressurePolicy = backpressure
@@ -184,7 +186,6 @@ class StageEngine:
         self._owns_worker = worker is None
         self.worker = worker or DeviceWorker(stage.device, name=f"stage-{stage.name}")
         self.slots = SlotTable(stage, self.worker, capacity, on_change=self._update_slot_gauges)
-        self._abortable = isinstance(stage, AbortableStage)
         self._sessions: dict[str, _Session] = {}
         self._releasing: dict[str, int] = {}  # session id -> releases in progress (an open racing one fails)
         self._pending_count = 0
@@ -193,6 +194,7 @@ class StageEngine:
         self._running: list[_Work] | None = None  # the batch of the forward in flight
         self._idle: asyncio.Future | None = None  # made by close(): resolved once those outputs are out
         self._closed = False
+        self._bisections = 0  # forwards re-run in halves after raising (batch isolation)
         m = engine_metrics(registry)
         self._m_batch = m.batch_size.labels(stage=self.name)
         me = weakref.ref(self)  # read at scrape time; the registry must not keep the engine alive
@@ -274,15 +276,25 @@ class StageEngine:
 
     # ----------------------------------------------------------------- work
 
-    def submit(
-        self, session_id: str, epoch: int, payload: Any, *, seq: int = 0, last: bool = True
-    ) -> asyncio.Future:
-        """Queue one item; the returned future resolves to its final output's payload.
+    # ----------------------------------------------------------------- work
 
-        Raises at once (typed): engine closed, session not open, stale epoch, queue full.
+    def submit(
+        self,
+        session_id: str,
+        epoch: int,
+        payload: Any,
+        *,
+        request_id: str = "",
+        seq: int = 0,
+        last: bool = True,
+    ) -> asyncio.Future:
+        """Queue one item; the returned future resolves to its output.
+
+        Raises at once (typed): engine closed, session not open, stale epoch, queue full (a
+        :class:`~sessions.errors.TransientError`: nothing was queued).
         """
         fut = asyncio.get_running_loop().create_future()
-        self._enqueue(session_id, epoch, payload, seq, last, fut, None)
+        self._enqueue(session_id, epoch, payload, request_id, seq, last, fut, None)
         return fut
 
     def stream(
@@ -291,13 +303,15 @@ class StageEngine:
         epoch: int,
         payload: Any,
         *,
+        request_id: str = "",
         seq: int = 0,
         last: bool = True,
         buffer: int | None = None,
         backpressure: BackpressurePolicy | None = None,
     ) -> ChunkStream:
-        """Queue one item whose outputs stream as chunks (``seq`` from 0, the last one ``final``).
+        """Queue one item whose output arrives as a chunk stream (one final chunk for this flavour).
 
+        The form pipelines use, so a batched and a streaming stage look alike downstream;
         ``buffer`` / ``backpressure`` override the engine defaults for this stream's channel.
         """
         policy = backpressure or self.backpressure
@@ -310,7 +324,7 @@ class StageEngine:
             depth=self._m_channel,
         )
         sink = _Stream(session_id, epoch, channel)
-        self._enqueue(session_id, epoch, payload, seq, last, None, sink)
+        self._enqueue(session_id, epoch, payload, request_id, seq, last, None, sink)
         self._sessions[session_id].streams.add(sink)
         return ChunkStream(
             channel,
@@ -330,7 +344,7 @@ class StageEngine:
         dropped = 0
         for sink in list(entry.streams):
             if sink.epoch < epoch and not sink.closed:
-                dropped += sink.channel.purge(lambda _chunk: True)
+                dropped += len(sink.channel.purge(lambda _chunk: True))
                 sink.fail(StaleEpochError(session_id, sink.epoch, epoch))
         kept: deque[_Work] = deque()
         for work in entry.pending:
@@ -387,6 +401,7 @@ class StageEngine:
         session_id: str,
         epoch: int,
         payload: Any,
+        request_id: str,
         seq: int,
         last: bool,
         future: asyncio.Future | None,
@@ -404,9 +419,11 @@ class StageEngine:
         if epoch > entry.epoch:
             self.bump_epoch(session_id, epoch)
         loop = asyncio.get_running_loop()
-        entry.pending.append(_Work(session_id, epoch, payload, seq, last, 0, loop.time(), future, stream))
+        entry.pending.append(
+            _Work(session_id, epoch, payload, request_id, seq, last, loop.time(), future, stream)
+        )
         self._pending_count += 1
-        if self._running is None and self._all_submitted():
+        if self._running is None and self.dispatch.run_at_submit(self._view(loop.time())):
             self._dispatch()  # waiting cannot grow the batch: skip the round through the loop
         else:
             self._kick()
@@ -417,11 +434,6 @@ class StageEngine:
             return
         work.dead = True
         work.fail(error)
-        if self._abortable:
-            try:
-                self.stage.abort(work.session_id)
-            except Exception:
-                log.exception("stage abort failed", extra={"stage": self.name})
 
     def _cancel_stream(self, sink: _Stream, error: BaseException | None) -> None:
         """The consumer stopped reading (closed early, stalled or failed): drop the stream's work."""
@@ -437,28 +449,28 @@ class StageEngine:
             self._kill_inflight(entry, error)
         self._kick()
 
-    def _ready(self) -> tuple[list[_Work], int]:
-        """Heads of the sessions' queues that can run now (oldest first) and sessions with work."""
-        ready, waiting_sessions = [], 0
-        for entry in self._sessions.values():
+    def _ready(self) -> tuple[list[_Work], list[str]]:
+        """Heads of the sessions' queues that can run now (oldest first) and sessions with nothing pending."""
+        ready, idle = [], []
+        for session_id, entry in self._sessions.items():
             if not entry.pending:
+                idle.append(session_id)
                 continue
-            waiting_sessions += 1
             head = entry.pending[0]
             if head.stream is None or head.stream.channel.has_room():
                 ready.append(head)
         ready.sort(key=lambda w: w.arrived)
-        return ready, waiting_sessions
+        return ready, idle
 
-    def _all_submitted(self) -> bool:
-        """At most ``eager_remaining`` open sessions have nothing pending (the eager-dispatch rule)."""
+    def _view(self, now: float, ready: list[_Work] | None = None) -> SessionView:
+        """What the policy decides on; at a submit (``ready`` None) only the counts matter."""
         idle = 0
         for entry in self._sessions.values():
             if not entry.pending:
                 idle += 1
-                if idle > self.eager_remaining:
-                    return False
-        return True
+        if ready is None:
+            return SessionView(now, len(self._sessions) - idle, idle, None, self.max_batch)
+        return SessionView(now, len(ready), idle, ready[0].arrived if ready else None, self.max_batch)
 
     def _kick(self) -> None:
         """Ask for a scheduling decision at the next loop iteration (at most one queued)."""
@@ -466,23 +478,32 @@ class StageEngine:
             self._soon = asyncio.get_running_loop().call_soon(self._dispatch)
 
     def _dispatch(self) -> None:
-        """Decide: start a forward now, wait for the oldest ready item's deadline, or do nothing."""
+        """Decide: start a forward now, wait until the policy's time, or do nothing."""
         for handle in (self._soon, self._timer):
             if handle is not None:
                 handle.cancel()  # superseded by this decision (cancelling the running one is a no-op)
         self._soon = self._timer = None
-        if self._running is not None or self._closed or not self._pending_count:
-            return  # the forward's completion decides again, or there is nothing to decide
-        ready, waiting_sessions = self._ready()
-        if not ready:
+        policy = self.dispatch
+        if self._running is not None or self._closed:
+            return  # the forward's completion decides again
+        if not self._pending_count and (policy.silence is None or not self._sessions):
+            return
+        ready, idle = self._ready()
+        if not ready and policy.silence is None:
             return
         loop = asyncio.get_running_loop()
-        idle_sessions = len(self._sessions) - waiting_sessions
-        deadline = ready[0].arrived + self.coalesce_window_s
-        if len(ready) < self.max_batch and idle_sessions > self.eager_remaining and loop.time() < deadline:
-            self._timer = loop.call_at(deadline, self._dispatch)
+        decision = policy.decide(self._view(loop.time(), ready))
+        if decision is not None:
+            self._timer = loop.call_at(decision, self._dispatch)
             return
         batch = self._take(ready[: self.max_batch])
+        if policy.silence is not None:
+            room = self.max_batch - len(batch)
+            for session_id in idle[:room]:
+                batch.append(self._silent_work(session_id, loop.time()))
+        if not batch:
+            self._kick_later()
+            return
         items = []
         for work in batch:
             slot = self._sessions[work.session_id].slot
@@ -491,8 +512,8 @@ class StageEngine:
                     work.session_id,
                     work.epoch,
                     work.payload,
+                    work.request_id,
                     work.seq,
-                    work.step,
                     work.last,
                     slot.index,
                     slot.state,
@@ -505,6 +526,20 @@ class StageEngine:
         except BaseException as exc:  # the worker itself is closed
             self._finished((None, exc, 0.0), None)
 
+    def _kick_later(self) -> None:
+        """A frame clock with every session backpressured: decide again at the next period."""
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_at(
+                self.dispatch.decide(self._view(asyncio.get_running_loop().time(), [])) or 0.0, self._dispatch
+            )
+
+    def _silent_work(self, session_id: str, now: float) -> _Work:
+        entry = self._sessions[session_id]
+        work = _Work(session_id, entry.epoch, self.dispatch.silence(session_id), "", 0, True, now, None, None)
+        work.silent = True
+        entry.inflight = work
+        return work
+
     def _take(self, batch: list[_Work]) -> list[_Work]:
         for work in batch:
             entry = self._sessions[work.session_id]
@@ -513,16 +548,28 @@ class StageEngine:
         self._pending_count -= len(batch)
         return batch
 
-    def _forward(self, items: list[StageItem]) -> tuple[Sequence[Any] | None, BaseException | None, float]:
-        """Runs on the worker thread."""
+    def _forward(self, items: list[StageItem]) -> tuple[list[Any] | None, BaseException | None, float]:
+        """Runs on the worker thread: one forward, bisected on failure (batch isolation)."""
         start = time.perf_counter()
         try:
-            outputs = list(self.stage.forward(items))
-            if len(outputs) != len(items):
-                raise EngineError(f"forward returned {len(outputs)} outputs for {len(items)} items")
+            outputs = self._isolated(items)
             return outputs, None, time.perf_counter() - start
-        except Exception as exc:
+        except Exception as exc:  # only a wrong output count gets here
             return None, exc, time.perf_counter() - start
+
+    def _isolated(self, items: list[StageItem]) -> list[Any]:
+        """``stage.forward(items)``; if it raises, the halves again, so only failing items fail."""
+        try:
+            outputs = list(self.stage.forward(items))
+        except Exception as exc:
+            if len(items) == 1:
+                return [_BatchFailure(exc)]
+            self._bisections += 1
+            half = len(items) // 2
+            return self._isolated(items[:half]) + self._isolated(items[half:])
+        if len(outputs) != len(items):
+            raise EngineError(f"forward returned {len(outputs)} outputs for {len(items)} items")
+        return outputs
 
     def _finished(
         self,
@@ -569,42 +616,34 @@ class StageEngine:
                 work.fail(StageBatchError(self.name, len(batch), error))
                 continue
             out = outputs[i]
+            if isinstance(out, _BatchFailure):
+                self._m_batch_fail.inc()
+                log.warning("stage forward raised for one item: %r", out.error, extra={"stage": self.name})
+                work.fail(StageBatchError(self.name, 1, out.error))
+                continue
             if isinstance(out, BaseException):
                 self._m_item_fail.inc()
                 work.fail(StageItemError(self.name, work.session_id, out))
                 continue
-            if isinstance(out, StageOutput):
-                value, final, next_input = out.payload, out.final, out.next_input
-            else:  # a bare payload is a final output
-                value, final, next_input = out, True, None
             self._m_item.observe(now - work.arrived)
-            if work.stream is not None:
-                if work.stream.closed:
-                    continue
-                work.stream.channel.put_nowait(
-                    Chunk(work.session_id, work.epoch, work.stream.next_seq, value, final)
-                )
-                work.stream.next_seq += 1
-            elif final:
-                if not work.future.done():
-                    work.future.set_result(value)
-            if not final:
-                payload = work.payload if next_input is None else next_input
-                entry.pending.appendleft(
-                    _Work(
-                        work.session_id,
-                        work.epoch,
-                        payload,
-                        work.seq,
-                        work.last,
-                        work.step + 1,
-                        now,
-                        work.future,
-                        work.stream,
+            if work.silent:
+                self.dispatch.on_silence_output(work.session_id, out)
+            elif work.stream is not None:
+                if not work.stream.closed:
+                    work.stream.channel.put_nowait(
+                        Chunk(work.session_id, work.epoch, work.stream.next_seq, out, True)
                     )
-                )
-                self._pending_count += 1
+                    work.stream.next_seq += 1
+            elif not work.future.done():
+                work.future.set_result(out)
 
     def _update_slot_gauges(self) -> None:
         self._m_slots.set(len(self.slots))
         self._m_bytes.set(self.slots.bytes_in_use)
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchFailure:
+    """The forward raised for this item alone (after bisecting)."""
+
+    error: BaseException

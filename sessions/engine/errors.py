@@ -1,9 +1,16 @@
-"""Typed errors of the stage engine. Each carries a stable ``code`` for protocol error events."""
+"""Typed errors of the stage engine, part of the runtime's one hierarchy (``sessions.errors``).
+
+Each carries a stable ``code`` for protocol error events. :class:`QueueFullError` is a
+:class:`~sessions.errors.TransientError`: the work was refused before it started and the session
+is not failed by it.
+"""
 
 from __future__ import annotations
 
+from sessions.errors import SessionError, TransientError
 
-class EngineError(Exception):
+
+class EngineError(SessionError):
     """Base class; ``code`` is a stable machine-readable string."""
 
     code = "engine_error"
@@ -41,7 +48,7 @@ class SlotsExhaustedError(EngineError):
         self.capacity = capacity
 
 
-class QueueFullError(EngineError):
+class QueueFullError(EngineError, TransientError):
     """The engine's pending-work bound was reached."""
 
     code = "engine_queue_full"
@@ -52,7 +59,7 @@ class QueueFullError(EngineError):
 
 
 class StaleEpochError(EngineError):
-    """The work belongs to an epoch older than the session's current one (interrupted)."""
+    """The work belongs to an epoch older than the session's current one (interrupted, reset)."""
 
     code = "stale_epoch"
 

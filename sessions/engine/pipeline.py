@@ -1,190 +1,324 @@
-"""``Pipeline``: stage engines chained by bounded channels, handing chunks downstream at once.
+"""``Pipeline``: stage runners chained by bounded channels, handing chunks downstream at once.
 
-``stream(session_id, epoch, payload)`` feeds ``payload`` to the first engine and returns a
-:class:`ChunkStream` of the last stage's chunks. Between two stages one relay task per request
-reads the upstream chunks and submits each one to the next engine as soon as it exists (the
-downstream stage starts on the first chunk, not the last: vllm-omni's "async chunk", reference
-``vllm-omni-realtime-surfaces.md`` §8), so stage k+1 of chunk n overlaps stage k of chunk n+1,
-and the next engine batches those chunks with other sessions' work.
+A pipeline is itself a :class:`~sessions.engine.protocol.StageRunner`, so kinds and executors do
+not care whether they drive one stage or several. Stages of either flavour compose: each hop
+calls its runner's ``stream(...)`` for every incoming chunk and forwards every chunk it yields,
+so a downstream stage starts on the first chunk, not the last (vllm-omni's "async chunk",
+``vllm-omni-realtime-surfaces.md`` §8), and each engine still batches its chunks with other
+sessions' work.
 
-Chunks keep ``(session_id, epoch)``; each hop numbers its output ``seq`` from 0; the last
-output of the upstream's final chunk is ``final``. Every hop channel is bounded with the
-pipeline's policy (``block`` propagates backpressure from a slow reader to the first stage;
-``drop_oldest`` sheds chunks with a counter). ``bump_epoch`` bumps every engine and purges
-older-epoch chunks from every hop, so no stale chunk survives at any stage. A failure anywhere
-(stage error, stall, stale epoch, release) closes every later hop with that error, so the
-consumer gets one typed error.
+Per open session there is one *lane*: a bounded :class:`~sessions.engine.channels.Channel` in front
+of every stage and one relay task per channel, so a session's chunks pass each stage one at a time
+and in order while stage k works on chunk n + 1 and stage k + 1 on chunk n. Chunks carry
+``(session_id, epoch, seq)``; a relay drops chunks of an epoch older than the lane's. A full
+channel makes its producer wait (``block``: backpressure propagates up to the caller of
+``submit``), or sheds the oldest chunk (``drop_oldest``, counted). Each hop's chunk stream
+enforces its stage's stall deadline between chunks.
+
+Two ways in:
+
+- ``await submit(...)`` runs the first stage directly and returns a :class:`PipelineResult` as soon
+  as it finishes: its output (``head``) and a future of the last stage's output (``tail``) for the
+  rest of the lane. A session tick can therefore commit on the first stage (the world's DiT block,
+  which owns the resident KV) while decode and encode of block k overlap the denoising of k + 1.
+- ``stream(...)`` sends the input down the whole lane and returns the last stage's chunks.
+
+A failure at any hop (stage error, stall, stale epoch, release) fails that request's ``tail`` or
+stream with the typed error; the lane goes on with the next chunk. ``release`` cancels the lane
+and releases the session on every stage (the one release path).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from sessions.engine.channels import BackpressurePolicy, Channel, Chunk, check_capacity, check_policy
-from sessions.engine.engine import StageEngine
-from sessions.engine.errors import EngineConfigError, EngineError
+from sessions.engine.errors import (
+    EngineConfigError,
+    EngineError,
+    SessionNotOpenError,
+    SessionReleasedError,
+    StaleEpochError,
+)
 from sessions.engine.metrics import engine_metrics
+from sessions.engine.protocol import StageRunner
 from sessions.engine.streams import ChunkStream
 from sessions.lifecycle import ReleaseReason
 
+log = logging.getLogger("sessions.engine")
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    """What ``submit`` returns once the first stage finished."""
+
+    head: Any
+    tail: asyncio.Future  # the last stage's output for this input
+
+
+@dataclass(eq=False)
+class _Request:
+    """Where a request's last-stage output goes: a future (``submit``) or a channel (``stream``)."""
+
+    request_id: str
+    future: asyncio.Future | None = None
+    channel: Channel | None = None
+    out_seq: int = 0
+
+    def fail(self, error: BaseException) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_exception(error)
+            self.future.exception()  # a consumer that moved on must not log it as lost
+        if self.channel is not None:
+            self.channel.close(error)
+
+
+@dataclass(eq=False)
+class _Lane:
+    epoch: int
+    hops: list[Channel]
+    relays: list[asyncio.Task] = field(default_factory=list)
+
 
 class Pipeline:
-    """Engines in order; a ``LifecycleBackend`` whose release frees the session on every stage."""
+    """Runners in order (see the module docstring)."""
 
     def __init__(
         self,
-        engines: Sequence[StageEngine],
+        runners: Sequence[StageRunner],
         *,
         registry: CollectorRegistry,
-        channel_size: int = 8,
+        channel_size: int = 4,
         backpressure: BackpressurePolicy = "block",
+        name: str | None = None,
     ) -> None:
-        if not engines:
-            raise EngineConfigError("a pipeline needs at least one stage engine")
+        if not runners:
+            raise EngineConfigError("a pipeline needs at least one stage")
         check_capacity("channel_size", channel_size)
         check_policy(backpressure)
-        self.engines = tuple(engines)
+        self.runners = tuple(runners)
+        self.name = name or "+".join(r.name for r in self.runners)
         self.channel_size = channel_size
         self.backpressure: BackpressurePolicy = backpressure
         self._metrics = engine_metrics(registry)
-        self._hops: dict[str, list[tuple[StageEngine, Channel]]] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._lanes: dict[str, _Lane] = {}
 
     @property
     def per_session_bytes(self) -> int:
-        return sum(engine.per_session_bytes for engine in self.engines)
+        return sum(runner.per_session_bytes for runner in self.runners)
 
-    @property
-    def bytes_in_use(self) -> int:
-        return sum(engine.slots.bytes_in_use for engine in self.engines)
+    def is_open(self, session_id: str) -> bool:
+        return session_id in self._lanes and all(r.is_open(session_id) for r in self.runners)
+
+    def epoch(self, session_id: str) -> int | None:
+        lane = self._lanes.get(session_id)
+        return None if lane is None else lane.epoch
 
     async def open(self, session_id: str) -> None:
-        """Open the session on every stage (all or nothing)."""
-        opened = []
+        """Open the session on every stage (all or nothing) and start its lane."""
+        opened: list[StageRunner] = []
         try:
-            for engine in self.engines:
-                await engine.open(session_id)
-                opened.append(engine)
+            for runner in self.runners:
+                await runner.open(session_id)
+                opened.append(runner)
         except BaseException:
-            for engine in opened:
-                await engine.release(session_id, "failed")
+            for runner in opened:
+                await runner.release(session_id, "failed")
             raise
+        if session_id in self._lanes:
+            return
+        lane = _Lane(0, [self._channel(runner.name) for runner in self.runners])
+        loop = asyncio.get_running_loop()
+        for k in range(len(self.runners)):
+            lane.relays.append(
+                loop.create_task(self._relay(session_id, lane, k), name=f"relay-{self.name}-{k}")
+            )
+        self._lanes[session_id] = lane
 
     async def release(self, session_id: str, reason: ReleaseReason = "close") -> None:
-        """Release on every stage concurrently; raises the first failure after all ran."""
+        """Cancel the lane, then release on every stage concurrently; raises the first failure."""
+        lane = self._lanes.pop(session_id, None)
+        if lane is not None:
+            error = SessionReleasedError(session_id, reason)
+            for relay in lane.relays:
+                relay.cancel()
+            await asyncio.gather(*lane.relays, return_exceptions=True)
+            for hop in lane.hops:
+                _fail_buffered(hop, error)
         results = await asyncio.gather(
-            *(engine.release(session_id, reason) for engine in self.engines), return_exceptions=True
+            *(runner.release(session_id, reason) for runner in self.runners), return_exceptions=True
         )
-        self._hops.pop(session_id, None)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
 
-    async def evict(self, session_id: str) -> None:
-        await self.release(session_id, "evicted")
-
     def bump_epoch(self, session_id: str, epoch: int) -> int:
         """Make ``epoch`` current on every stage and drop older chunks from every hop."""
-        dropped = sum(engine.bump_epoch(session_id, epoch) for engine in self.engines)
-        for engine, hop in self._hops.get(session_id, ()):
-            purged = hop.purge(lambda chunk: chunk.epoch < epoch)
-            self._metrics.stale_dropped.labels(stage=engine.name).inc(purged)
-            dropped += purged
+        dropped = sum(runner.bump_epoch(session_id, epoch) for runner in self.runners)
+        lane = self._lanes.get(session_id)
+        if lane is None or epoch <= lane.epoch:
+            return dropped
+        lane.epoch = epoch
+        for runner, hop in zip(self.runners, lane.hops, strict=True):
+            stale = hop.purge(lambda c: c.epoch < epoch)
+            for chunk in stale:
+                chunk.payload[1].fail(StaleEpochError(session_id, chunk.epoch, epoch))
+            self._metrics.stale_dropped.labels(stage=runner.name).inc(len(stale))
+            dropped += len(stale)
         return dropped
 
-    def stream(self, session_id: str, epoch: int, payload: Any) -> ChunkStream:
-        """Run ``payload`` through every stage; chunks of the last stage stream back."""
-        first = self.engines[0].stream(session_id, epoch, payload)
-        if len(self.engines) == 1:
-            return first
-        source: Callable[[], Awaitable[Chunk | None]] = first.__anext__
-        cancels: list[Callable[[], None]] = [first.cancel]
-        hops = self._hops.setdefault(session_id, [])
-        for engine in self.engines[1:]:
-            hop = Channel(
-                self.channel_size,
-                self.backpressure,
-                on_drop=lambda _c, n=engine.name: self._metrics.backpressure_dropped.labels(stage=n).inc(),
-                depth=self._metrics.channel_depth.labels(stage=engine.name),
-            )
-            hops.append((engine, hop))
-            relay = self._relay(engine, source, cancels[-1], hop, session_id)
-            task = asyncio.get_running_loop().create_task(relay)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            task.add_done_callback(lambda _t, h=hop, s=session_id: self._forget(s, h))
-            cancels.append(task.cancel)
-            source = hop.get
+    async def submit(
+        self,
+        session_id: str,
+        epoch: int,
+        payload: Any,
+        *,
+        request_id: str = "",
+        seq: int = 0,
+        last: bool = True,
+    ) -> PipelineResult:
+        """Run the first stage; hand its output to the rest of the lane (see the module docstring)."""
+        lane = self._lane(session_id, epoch)
+        head = await self.runners[0].submit(
+            session_id, epoch, payload, request_id=request_id, seq=seq, last=last
+        )
+        future = asyncio.get_running_loop().create_future()
+        request = _Request(request_id, future=future)
+        if len(self.runners) == 1:
+            future.set_result(head)
+        else:
+            await lane.hops[1].put(Chunk(session_id, epoch, seq, (head, request), last))
+        return PipelineResult(head, future)
 
-        def cancel(_error: BaseException | None) -> None:
-            for fn in cancels:
-                fn()
-
-        last = self.engines[-1]
-        return ChunkStream(hop, stage=last.name, session_id=session_id, stall_timeout_s=0, on_cancel=cancel)
+    def stream(
+        self,
+        session_id: str,
+        epoch: int,
+        payload: Any,
+        *,
+        request_id: str = "",
+        seq: int = 0,
+        last: bool = True,
+    ) -> ChunkStream:
+        """Send ``payload`` down the whole lane; the last stage's chunks stream back."""
+        lane = self._lane(session_id, epoch)
+        out = self._channel(self.runners[-1].name)
+        request = _Request(request_id, channel=out)
+        first = lane.hops[0]
+        if not first.has_room():
+            raise EngineError(f"pipeline {self.name!r}: lane of {session_id!r} is full")
+        first.put_nowait(Chunk(session_id, epoch, seq, (payload, request), last))
+        return ChunkStream(
+            out,
+            stage=self.name,
+            session_id=session_id,
+            stall_timeout_s=0,  # every hop enforces its own stage's deadline
+            on_cancel=lambda error: request.fail(error or EngineError("stream cancelled by its consumer")),
+        )
 
     async def close(self) -> None:
-        """Cancel running relays and close every engine."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for engine in self.engines:
-            await engine.close()
+        """Cancel every lane and close every runner."""
+        for session_id in list(self._lanes):
+            lane = self._lanes.pop(session_id)
+            for relay in lane.relays:
+                relay.cancel()
+            await asyncio.gather(*lane.relays, return_exceptions=True)
+        for runner in self.runners:
+            await runner.close()
 
-    def _forget(self, session_id: str, hop: Channel) -> None:
-        hops = self._hops.get(session_id)
-        if hops is None:
-            return
-        hops[:] = [(e, h) for e, h in hops if h is not hop]
-        if not hops:
-            del self._hops[session_id]
+    # ----------------------------------------------------------------- internals
 
-    async def _relay(
-        self,
-        engine: StageEngine,
-        source: Callable[[], Awaitable[Chunk | None]],
-        cancel_source: Callable[[], None],
-        out: Channel,
-        session_id: str,
-    ) -> None:
-        """Feed each upstream chunk to ``engine`` as it arrives; on failure stop upstream too."""
-        seq = 0
-        sub = None
-        try:
-            while True:
-                try:
-                    chunk = await source()
-                except StopAsyncIteration:
-                    chunk = None
-                if chunk is None:
-                    break
-                current = engine.epoch(session_id)
-                if current is not None and chunk.epoch < current:
-                    self._metrics.stale_dropped.labels(stage=engine.name).inc()
-                    continue
-                sub = engine.stream(session_id, chunk.epoch, chunk.payload, seq=chunk.seq, last=chunk.final)
-                async for produced in sub:
-                    await out.put(
-                        Chunk(
-                            session_id, produced.epoch, seq, produced.payload, chunk.final and produced.final
-                        )
+    def _channel(self, stage: str) -> Channel:
+        """A lane hop; every chunk in it is ``(value, request)``."""
+        return Channel(
+            self.channel_size,
+            self.backpressure,
+            on_drop=lambda chunk: self._on_drop(stage, chunk),
+            depth=self._metrics.channel_depth.labels(stage=stage),
+        )
+
+    def _on_drop(self, stage: str, chunk: Chunk) -> None:
+        self._metrics.backpressure_dropped.labels(stage=stage).inc()
+        chunk.payload[1].fail(EngineError(f"stage {stage!r}: chunk dropped under backpressure"))
+
+    def _lane(self, session_id: str, epoch: int) -> _Lane:
+        lane = self._lanes.get(session_id)
+        if lane is None:
+            raise SessionNotOpenError(self.name, session_id)
+        if epoch < lane.epoch:
+            raise StaleEpochError(session_id, epoch, lane.epoch)
+        if epoch > lane.epoch:
+            self.bump_epoch(session_id, epoch)
+        return lane
+
+    async def _relay(self, session_id: str, lane: _Lane, k: int) -> None:
+        """Feed each chunk of hop ``k`` to stage ``k``; forward what it yields to hop k + 1 or the request.
+
+        Forwarded chunks are never ``final``: after the input marked ``final`` has passed a stage,
+        an end marker follows it down the lane and ends the request at the last hop.
+        """
+        runner, inbox = self.runners[k], lane.hops[k]
+        while True:
+            chunk = await inbox.get()
+            if chunk is None:
+                return
+            value, request = chunk.payload
+            try:
+                if value is not _END:
+                    if chunk.epoch < lane.epoch:
+                        raise StaleEpochError(session_id, chunk.epoch, lane.epoch)
+                    outputs = runner.stream(
+                        session_id,
+                        chunk.epoch,
+                        value,
+                        request_id=request.request_id,
+                        seq=chunk.seq,
+                        last=chunk.final,
                     )
-                    seq += 1
-                sub = None
-                if chunk.final:
-                    break
-            out.close()
-        except asyncio.CancelledError:
-            out.close(EngineError("pipeline stream cancelled"))
-            cancel_source()
-            raise
-        except Exception as exc:
-            out.close(exc)
-            cancel_source()
-        finally:
-            if sub is not None:
-                sub.cancel()
+                    async for produced in outputs:
+                        await self._forward(lane, k, request, chunk, produced.payload)
+                if chunk.final or value is _END:
+                    await self._forward(lane, k, request, chunk, _END)
+            except asyncio.CancelledError:
+                request.fail(SessionReleasedError(session_id, "pipeline lane closed"))
+                raise
+            except Exception as exc:
+                if isinstance(exc, StaleEpochError):
+                    self._metrics.stale_dropped.labels(stage=runner.name).inc()
+                request.fail(
+                    exc if isinstance(exc, EngineError) else EngineError(f"stage {runner.name!r}: {exc!r}")
+                )
+
+    async def _forward(self, lane: _Lane, k: int, request: _Request, chunk: Chunk, payload: Any) -> None:
+        """Hand ``payload`` (or the end marker) to hop k + 1, or to the request after the last stage."""
+        if k + 1 < len(self.runners):
+            await lane.hops[k + 1].put(
+                Chunk(chunk.session_id, chunk.epoch, chunk.seq, (payload, request), False)
+            )
+        elif payload is _END:
+            if request.future is not None and not request.future.done():
+                request.fail(EngineError(f"pipeline {self.name!r} produced no output"))
+            if request.channel is not None:
+                request.channel.close()
+        elif request.future is not None:
+            if not request.future.done():
+                request.future.set_result(payload)
+        else:
+            assert request.channel is not None
+            await request.channel.put(Chunk(chunk.session_id, chunk.epoch, request.out_seq, payload, False))
+            request.out_seq += 1
+
+
+_END = object()  # end-of-request marker that follows a request's last chunk down the lane
+
+
+def _fail_buffered(channel: Channel, error: BaseException) -> None:
+    for chunk in channel.purge(lambda _chunk: True):
+        chunk.payload[1].fail(error)
+    channel.close(error)
