@@ -5,8 +5,9 @@ websocket handshake, so no route or session kind has to remember it):
 
 - With ``server.api_keys`` set, every path except the probes (:data:`OPEN_PATHS`: ``/healthz``,
   ``/readyz``) needs one of the keys, as ``Authorization: Api-Key <key>`` (openpi-client's form),
-  ``Authorization: Bearer <key>`` (OpenAI clients) or the query parameter ``?api_key=<key>``
-  (browser pages, which cannot set headers on a websocket). A missing or wrong key is refused
+  ``Authorization: Bearer <key>`` (OpenAI clients), the query parameter ``?api_key=<key>``
+  (browser pages, which cannot set headers on a websocket) or, on websockets, the subprotocol
+  ``openai-insecure-api-key.<key>`` (OpenAI's browser convention). A missing or wrong key is refused
   with HTTP 401. The presented key is compared with **every** configured key in constant time
   (SHA-256 digests through ``hmac.compare_digest``, no early exit), so timing reveals neither
   which key nor how much of one matched.
@@ -33,6 +34,7 @@ from realtime.config import ServerConfig
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 API_KEY_PARAM = "api_key"
+KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."  # how OpenAI's browser clients send a key
 _SCHEMES = ("api-key", "bearer")
 
 
@@ -49,10 +51,14 @@ def _headers(scope: Scope) -> Mapping[str, str]:
 
 
 def presented_key(headers: Mapping[str, str], query_string: bytes) -> str | None:
-    """The key a request presents: the ``Authorization`` header, else the ``api_key`` parameter."""
+    """The key a request presents: ``Authorization``, the key subprotocol, or ``?api_key=``."""
     scheme, _, value = headers.get("authorization", "").strip().partition(" ")
     if scheme.lower() in _SCHEMES and value.strip():
         return value.strip()
+    for offered in headers.get("sec-websocket-protocol", "").split(","):
+        offered = offered.strip()
+        if offered.startswith(KEY_SUBPROTOCOL_PREFIX) and len(offered) > len(KEY_SUBPROTOCOL_PREFIX):
+            return offered[len(KEY_SUBPROTOCOL_PREFIX) :]
     for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
         if name == API_KEY_PARAM and value:
             return value

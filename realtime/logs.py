@@ -7,7 +7,8 @@ are rendered as further keys. Tracebacks go to logs, never to the wire.
 Secrets never reach a log line, at any level: both formatters pass the message, every extra
 field and the traceback text through :func:`redact`, which hides ``Authorization`` header values
 (``Api-Key``/``Bearer`` credentials, also as uvicorn's and websockets' debug lines print request
-headers) and ``api_key=`` query parameters (uvicorn logs request paths with their query).
+headers), ``api_key=`` query parameters (uvicorn logs request paths with their query) and
+``openai-insecure-api-key.<key>`` subprotocols.
 
 :func:`log_internal_error` is the one way to log an unexpected server error of a session: one
 ERROR line with the traceback, at most :data:`INTERNAL_ERRORS_PER_WINDOW` per session per
@@ -41,6 +42,8 @@ _SECRETS = (
     re.compile(r"(?i)\b((?:bearer|api-key)\s+)[^\s'\",)]+"),
     # query strings: ?api_key=k&..., also percent-encoded separators
     re.compile(r"(?i)((?:[?&;]|%3f|%26|\b)api_key(?:=|%3d))[^&\s'\"]*"),
+    # OpenAI's browser convention: Sec-WebSocket-Protocol: openai-insecure-api-key.<key>
+    re.compile(r"(?i)(openai-insecure-api-key\.)[^\s,'\"]+"),
 )
 _HINT = re.compile(r"(?i)authoriz|bearer|api.key")
 
