@@ -84,6 +84,9 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     max_connections: PositiveInt = 1000
+    start_timeout_s: NonNegativeFloat = 10.0
+    max_outbound_messages: PositiveInt = 64
+    max_outbound_bytes: PositiveInt = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,446 @@
+"""The connection skeleton every session kind runs on (architecture §2, §3).
+
+One :class:`Connection` per accepted websocket. A kind supplies a :class:`KindHandler` (its
+sans-I/O codec calls, its command handler and its tick loop); the skeleton owns everything else:
+
+- **Tasks.** A *reader* (websocket -> ``handler.decode`` -> command), a *runner* and a *writer*.
+  The runner is the session's single owner (architecture invariant 2): every session call and
+  every piece of per-connection kind state is touched only from ``handler.handle(conn, item)``,
+  one mailbox item at a time. Slow work (a tick) runs as a child task the runner spawns with
+  :meth:`Connection.spawn`; its outcome comes back to the runner as a mailbox item. A
+  request/response kind (``handler.inline``, the robot) has no separate runner: the reader task
+  handles each command before it reads the next frame (the websocket is the mailbox), so a client
+  cannot queue work and replies leave in request order.
+- **Outbound.** One bounded queue (:class:`Outbound`, ``max_items`` and ``max_bytes``) drained by
+  the writer. Items carry the kind's epoch (a reset or close bumps it); items of a superseded
+  epoch are dropped before they are sent. Media that is still being produced travels as a
+  *deferred* item whose frames the writer awaits in order. A client that does not read: once the
+  queued bytes exceed the bound the connection ends with ``slow_consumer`` (1008).
+- **Ends.** Every way a connection ends is one :class:`Close` reason, mapped through one table
+  (:data:`CLOSES`) to a close code and reason text. The socket is closed with a deadline, then its
+  transport aborted if the close frame cannot be flushed. The session is released through the
+  runtime's one release path (``manager.disconnect``) whatever happened.
+- **Start deadline.** A socket that has not started a session within ``start_timeout_s`` ends with
+  ``start_timeout`` (1008).
+- **Errors.** An unexpected exception in a kind is one rate-limited ERROR line with the traceback
+  in the log and close 1011 ``internal server error`` on the wire; routine ends are INFO lines
+  with the close code and reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from realtime.connections import TRANSPORT_EXTENSION
+from realtime.logs import log_internal_error
+from realtime.ws import CloseCode, close_quietly
+from sessions.errors import SessionError
+from sessions.log_context import session_context
+from sessions.manager import SessionManager
+from sessions.runner import SessionRunner
+from sessions.session import Session
+
+log = logging.getLogger("realtime.connection")
+
+Frame = str | bytes
+#: Close reasons -> (close code, reason text). Texts may use ``{message}`` and the limits passed
+#: to :meth:`Connection.end`. ``disconnect`` (the client went away) sends no close frame.
+CLOSES: dict[str, tuple[CloseCode, str]] = {
+    "client_close": (CloseCode.NORMAL, "session closed"),
+    "shutdown": (CloseCode.GOING_AWAY, "server shutting down"),
+    "idle": (CloseCode.POLICY_VIOLATION, "idle timeout: no request for {idle_timeout_s:g} s"),
+    "lifetime": (CloseCode.POLICY_VIOLATION, "maximum session lifetime reached"),
+    "evicted": (CloseCode.POLICY_VIOLATION, "session evicted to make room"),
+    "closed": (CloseCode.POLICY_VIOLATION, "session closed: {message}"),
+    "capacity": (CloseCode.TRY_AGAIN_LATER, "{message}"),
+    "protocol": (CloseCode.POLICY_VIOLATION, "{message}"),
+    "protocol_fatal": (CloseCode.INTERNAL_ERROR, "{message}"),
+    "internal": (CloseCode.INTERNAL_ERROR, "internal server error"),
+    "slow_consumer": (CloseCode.POLICY_VIOLATION, "client is not reading: over {max_bytes} bytes queued"),
+    "start_timeout": (CloseCode.POLICY_VIOLATION, "no session started within {start_timeout_s:g} s"),
+}
+CLOSE_FLUSH_S = 2.0  # how long a close frame may wait for a client's write buffer before abort
+
+
+@dataclass(frozen=True)
+class Close:
+    """Why a connection ends: a :data:`CLOSES` key (or ``disconnect``) and its text's fields."""
+
+    reason: str
+    message: str = ""
+
+
+class KindHandler(Protocol):
+    """What a session kind supplies per connection (see the module docstring)."""
+
+    #: Request/response: commands are handled in the reader task, the next frame read after.
+    inline: bool
+
+    async def opened(self, conn: Connection) -> None:
+        """After accept, before the first frame is read (send a greeting, check the query)."""
+        ...
+
+    async def decode(self, message: Frame) -> Any:
+        """One websocket message -> one command (the codec's typed result, never raises)."""
+        ...
+
+    async def handle(self, conn: Connection, item: Any) -> None:
+        """One command, or an item the handler posted itself (tick outcomes, timers)."""
+        ...
+
+    async def session_ended(self, conn: Connection, reason: str) -> Close:
+        """The runtime closed the session (idle, lifetime, eviction, shutdown); say goodbye."""
+        ...
+
+
+class SlowConsumerError(Exception):
+    """The client does not read: queued outbound bytes exceed the bound."""
+
+
+@dataclass(eq=False, slots=True)
+class _Out:
+    frames: tuple[Frame, ...]
+    size: int
+    epoch: int | None
+    deferred: Awaitable[tuple[Frame, ...]] | None
+    on_done: Callable[[], None] | None
+
+
+class Outbound:
+    """The connection's bounded outbound queue and its single writer (see the module docstring)."""
+
+    def __init__(
+        self, websocket: WebSocket, *, max_items: int, max_bytes: int, current_epoch: Callable[[], int]
+    ) -> None:
+        self.ws = websocket
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self._current_epoch = current_epoch
+        self._items: deque[_Out] = deque()
+        self._bytes = 0
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._writing = False
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
+
+    async def send(self, *frames: Frame, epoch: int | None = None) -> None:
+        """Queue frames (waits while ``max_items`` are queued); raises :class:`SlowConsumerError`.
+
+        When nothing is queued or being written the caller writes them itself (the request/response
+        fast path: no hand-off to the writer task).
+        """
+        if not self._items and not self._writing:
+            self._writing = True
+            self._empty.clear()
+            try:
+                for frame in frames:
+                    await self._write(frame)
+            finally:
+                self._writing = False
+                self._settle()
+            return
+        await self._put(_Out(frames, sum(map(len, frames)), epoch, None, None))
+
+    async def send_later(
+        self,
+        deferred: Awaitable[tuple[Frame, ...]],
+        *,
+        epoch: int | None = None,
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue frames still being produced (media); the writer awaits them in order.
+
+        ``on_done`` runs once the item was sent or dropped (a kind's generate-ahead credit).
+        """
+        await self._put(_Out((), 0, epoch, deferred, on_done))
+
+    async def drained(self) -> None:
+        """Wait until everything queued so far was written or dropped."""
+        await self._empty.wait()
+
+    async def run(self) -> None:
+        """The writer task: send items in order until cancelled or the client goes away."""
+        while True:
+            while not self._items:
+                self._wake.clear()
+                await self._wake.wait()
+            item = self._items.popleft()
+            self._writing = True
+            self._room.set()
+            try:
+                await self._send_item(item)
+            finally:
+                self._bytes -= item.size
+                self._writing = False
+                if item.on_done is not None:
+                    item.on_done()
+                self._settle()
+
+    async def _send_item(self, item: _Out) -> None:
+        frames = item.frames
+        if item.epoch is not None and item.epoch != self._current_epoch():
+            frames = ()
+        elif item.deferred is not None:
+            frames = await item.deferred
+            if item.epoch is not None and item.epoch != self._current_epoch():
+                frames = ()  # superseded while it was produced: never shown
+        for frame in frames:
+            await self._write(frame)
+
+    async def _write(self, frame: Frame) -> None:
+        if isinstance(frame, str):
+            await self.ws.send_text(frame)
+        else:
+            await self.ws.send_bytes(frame)
+
+    async def _put(self, item: _Out) -> None:
+        while len(self._items) >= self.max_items:
+            self._room.clear()
+            await self._room.wait()
+        if self._bytes + item.size > self.max_bytes:
+            raise SlowConsumerError(f"{self._bytes + item.size} bytes queued")
+        self._items.append(item)
+        self._bytes += item.size
+        self._empty.clear()
+        self._wake.set()
+
+    def _settle(self) -> None:
+        if not self._items and not self._writing:
+            self._empty.set()
+
+
+class Connection:
+    """One accepted websocket running one kind's handler (see the module docstring)."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        handler: KindHandler,
+        manager: SessionManager,
+        *,
+        kind: str,
+        mailbox_items: int,
+        max_outbound_items: int,
+        max_outbound_bytes: int,
+        start_timeout_s: float,
+        close_fields: dict[str, Any] | None = None,
+    ) -> None:
+        self.ws = websocket
+        self.kind = kind
+        self.handler = handler
+        self.manager = manager
+        self.session: Session | None = None
+        #: The kind's outbound epoch: bump it (reset, close) and queued items of older ones drop.
+        self.epoch = 0
+        self.outbound = Outbound(
+            websocket, max_items=max_outbound_items, max_bytes=max_outbound_bytes, current_epoch=lambda: self.epoch
+        )
+        self.start_timeout_s = start_timeout_s
+        self._close_fields = {"max_bytes": max_outbound_bytes, "start_timeout_s": start_timeout_s, **(close_fields or {})}
+        self._close: Close | None = None
+        self._ended = asyncio.Event()
+        self._children: set[asyncio.Task] = set()
+        self._runner: SessionRunner | None = None
+        if not handler.inline:
+            self._runner = SessionRunner(self._handle, mailbox_size=mailbox_items, session_id=kind)
+
+    # -- what handlers call ---------------------------------------------------------------
+    async def create_session(self) -> Session:
+        """Admit the connection's session (raises ``SessionError``: capacity, shutdown)."""
+        self.session = await self.manager.create()
+        watcher = asyncio.create_task(self._watch(self.session), name=f"{self.kind}-session-end")
+        self._children.add(watcher)
+        watcher.add_done_callback(self._children.discard)
+        return self.session
+
+    async def send(self, *frames: Frame, epoch: int | None = None) -> None:
+        """Queue frames for the client (see :class:`Outbound`)."""
+        await self.outbound.send(*frames, epoch=epoch)
+
+    def post(self, item: Any) -> None:
+        """Hand an item to the runner (from a child task, a timer or the writer's ``on_done``)."""
+        if self._runner is not None and not self._ended.is_set():
+            self._runner.post(item)
+
+    def spawn(self, work: Coroutine[Any, Any, Any], done: Callable[[Any, BaseException | None], Any]) -> None:
+        """Run ``work`` as a child task; ``done(result, error)`` is then posted to the runner."""
+
+        async def child() -> None:
+            try:
+                result = await work
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.post(done(None, exc))
+            else:
+                self.post(done(result, None))
+
+        task = asyncio.create_task(child(), name=f"{self.kind}-child")
+        self._children.add(task)
+        task.add_done_callback(self._children.discard)
+
+    def end(self, reason: str, message: str = "") -> None:
+        """End the connection with ``reason`` (a :data:`CLOSES` key); the first reason wins."""
+        if self._close is None:
+            self._close = Close(reason, message)
+        self._ended.set()
+
+    # -- the skeleton ---------------------------------------------------------------------
+    async def run(self) -> None:
+        tasks: list[asyncio.Task] = [
+            asyncio.create_task(self._read(), name=f"{self.kind}-reader"),
+            asyncio.create_task(self._write(), name=f"{self.kind}-writer"),
+            asyncio.create_task(self._ended.wait(), name=f"{self.kind}-ended"),
+        ]
+        if self._runner is not None:
+            self._runner.start()
+        try:
+            try:
+                await self.handler.opened(self)
+                if self._close is None and self.start_timeout_s > 0:
+                    tasks.append(asyncio.create_task(self._start_deadline(), name=f"{self.kind}-start"))
+                if self._close is None:
+                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        if not task.cancelled() and task.exception() is not None:
+                            raise task.exception()
+            except Exception as exc:
+                self._internal_error(exc)
+            finally:
+                for task in (*tasks, *self._children):
+                    task.cancel()
+                if self._runner is not None:
+                    await self._runner.cancel()
+                await asyncio.gather(*tasks, *self._children, return_exceptions=True)
+        finally:
+            if self.session is not None:
+                await self.manager.disconnect(self.session.session_id)
+        await self._finish()
+
+    async def _read(self) -> None:
+        handler = self.handler
+        while True:
+            try:
+                message = await self.ws.receive()
+            except (WebSocketDisconnect, RuntimeError):
+                break
+            if message["type"] == "websocket.disconnect":
+                break
+            frame = message.get("bytes")
+            command = await handler.decode(frame if frame is not None else message.get("text") or "")
+            if self._runner is None:
+                await self._handle(command)
+            else:
+                await self._runner.put(command)
+            if self._ended.is_set():
+                return
+        self.end("disconnect")
+
+    async def _handle(self, item: Any) -> None:
+        """The runner's step (or the reader's, for inline kinds): one item through the handler."""
+        if self._ended.is_set():
+            return
+        try:
+            if self.session is not None:
+                with session_context(self.session.session_id):
+                    await self.handler.handle(self, item)
+            else:
+                await self.handler.handle(self, item)
+        except SlowConsumerError:
+            self.end("slow_consumer")
+        except Exception as exc:
+            self._internal_error(exc)
+
+    async def _write(self) -> None:
+        try:
+            await self.outbound.run()
+        except (WebSocketDisconnect, RuntimeError):
+            self.end("disconnect")  # the client went away mid-send
+
+    async def _watch(self, session: Session) -> None:
+        reason = await session.wait_closed()
+        if reason in ("close", "disconnect") or self._ended.is_set():
+            return  # the connection itself asked for it
+        try:
+            close = await self.handler.session_ended(self, reason)
+        except SlowConsumerError:
+            close = Close("slow_consumer")
+        self.end(close.reason, close.message)
+
+    async def _start_deadline(self) -> None:
+        await asyncio.sleep(self.start_timeout_s)
+        if self.session is None:
+            self.end("start_timeout")
+
+    def _internal_error(self, exc: BaseException) -> None:
+        session_id = self.session.session_id if self.session is not None else None
+        log_internal_error(log, session_id, f"{self.kind} connection failed", exc)
+        self.end("internal")
+
+    async def _finish(self) -> None:
+        """Flush what is queued (bounded), send the close frame (bounded), else abort."""
+        close = self._close or Close("disconnect")
+        if close.reason == "disconnect":
+            log.info("client disconnected", extra={"kind": self.kind})
+            return
+        code, text = CLOSES[close.reason]
+        reason = text.format(message=close.message, **self._close_fields)
+        if close.reason not in ("slow_consumer", "internal"):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._flush(), CLOSE_FLUSH_S)
+        log.info("closing websocket", extra={"kind": self.kind, "code": int(code), "reason": reason})
+        try:
+            await asyncio.wait_for(close_quietly(self.ws, code, reason), CLOSE_FLUSH_S)
+        except (TimeoutError, Exception):
+            self._abort()
+
+    async def _flush(self) -> None:
+        writer = asyncio.create_task(self.outbound.run())
+        try:
+            await self.outbound.drained()
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+
+    def _abort(self) -> None:
+        transport = self.ws.scope.get("extensions", {}).get(TRANSPORT_EXTENSION)
+        if transport is not None:
+            transport.abort()
+        elif self.ws.application_state == WebSocketState.CONNECTED:
+            log.warning("cannot abort a websocket without a transport extension", extra={"kind": self.kind})
+
+
+async def run_connection(
+    websocket: WebSocket, ctx: Any, kind: str, handler: KindHandler, manager: SessionManager, **fields: Any
+) -> None:
+    """A kind's endpoint body: the skeleton with the server's connection limits."""
+    server, runtime = ctx.config.server, ctx.config.runtime
+    await Connection(
+        websocket,
+        handler,
+        manager,
+        kind=kind,
+        mailbox_items=runtime.max_mailbox_items,
+        max_outbound_items=server.max_outbound_messages,
+        max_outbound_bytes=server.max_outbound_bytes,
+        start_timeout_s=server.start_timeout_s,
+        close_fields=fields,
+    ).run()
+
+
+def session_error_close(exc: SessionError) -> Close:
+    """The close for a refused session (capacity, queue timeout, shutdown): 1013 with its message."""
+    return Close("capacity", exc.message)
