@@ -1,0 +1,213 @@
+"""The guard in front of every route, over real loopback: API keys, Origin, loading, connection limit.
+
+Regressions for issue 11 defects 3 and 7: with keys configured ``/v1/models``, ``/metrics`` and
+demo pages answered without one; while models loaded a websocket was accepted (101, then 1013)
+before any key check; no ``Origin`` check; nothing bounded the number of connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import threading
+import types
+
+import httpx
+import pytest
+import websockets
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route, WebSocketRoute
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from realtime import auth
+from realtime import kinds as kinds_registry
+from realtime import server as server_module
+from realtime.config import config_from_mapping
+from realtime.ws import serve_websocket
+from tests.serving import serve_in_process, wait_ready
+
+pytestmark = pytest.mark.timeout(120)
+
+KEYS = ["k-first", "k-second"]
+
+
+class _EchoKind:
+    """A session kind with a websocket echo route and a page; ``load`` waits for ``gate``."""
+
+    name = "robot"
+
+    def __init__(self, ctx, gate: threading.Event) -> None:
+        self.ctx = ctx
+        self.gate = gate
+
+    def routes(self):
+        return [WebSocketRoute("/echo", self._echo), Route("/demo/page", self._page)]
+
+    async def _page(self, _request):
+        return PlainTextResponse("page\n")
+
+    async def _echo(self, websocket):
+        async def handler():
+            async for text in websocket.iter_text():
+                await websocket.send_text(text)
+
+        await serve_websocket(websocket, self.ctx, self.name, handler)
+
+    def models(self):
+        return []
+
+    def load(self, progress):
+        self.gate.wait(timeout=60)
+
+    async def start(self):
+        return None
+
+    async def stop(self):
+        self.gate.set()
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """Install the echo kind as ``robot``; the returned event lets its ``load`` finish."""
+    gate = threading.Event()
+    module = types.ModuleType("echo_kind")
+    module.build = lambda ctx: _EchoKind(ctx, gate)
+    monkeypatch.setitem(sys.modules, "echo_kind", module)
+    monkeypatch.setitem(kinds_registry.KIND_FACTORIES, "robot", "echo_kind:build")
+    yield gate
+    gate.set()
+
+
+def _config(**server):
+    return config_from_mapping({"server": server, "robot": {"enabled": True}, "world": {"enabled": False}})
+
+
+def _ws(base: str, path: str = "/echo") -> str:
+    return base.replace("http://", "ws://") + path
+
+
+async def _echo_once(url: str, **kwargs) -> str:
+    async with websockets.connect(url, open_timeout=10, **kwargs) as ws:
+        await ws.send("hello")
+        return await asyncio.wait_for(ws.recv(), 10)
+
+
+async def test_every_route_but_the_probes_needs_a_key(gate):
+    gate.set()
+    async with (
+        serve_in_process(_config(api_keys=KEYS)) as (base, _),
+        httpx.AsyncClient(base_url=base) as client,
+    ):
+        for path in ("/healthz", "/readyz"):
+            assert (await client.get(path)).status_code == 200, path
+        for path in ("/metrics", "/v1/models", "/demo/page"):
+            assert (await client.get(path)).status_code == 401, path
+            assert (await client.get(path, headers={"Authorization": "Bearer nope"})).status_code == 401
+            assert (await client.get(path, headers={"Authorization": "Api-Key k-second"})).status_code == 200
+            assert (await client.get(path, headers={"Authorization": "Bearer k-first"})).status_code == 200
+            assert (await client.get(path, params={"api_key": "k-first"})).status_code == 200, path
+        with pytest.raises(InvalidStatus) as refused:
+            await _echo_once(_ws(base))
+        assert refused.value.response.status_code == 401
+        with pytest.raises(InvalidStatus):
+            await _echo_once(_ws(base), additional_headers={"Authorization": "Bearer k-firs"})
+        assert await _echo_once(_ws(base, "/echo?api_key=k-second")) == "hello"
+        assert await _echo_once(_ws(base), additional_headers={"Authorization": "Api-Key k-first"}) == "hello"
+        assert await _echo_once(_ws(base), subprotocols=["openai-insecure-api-key.k-first"]) == "hello"
+
+
+async def test_keys_are_checked_before_accept_while_models_load(gate):
+    async with serve_in_process(_config(api_keys=KEYS), ready=False) as (base, _):
+        async with httpx.AsyncClient(base_url=base) as client:
+            assert (await client.get("/readyz")).status_code == 503
+        with pytest.raises(InvalidStatus) as refused:  # refused at the handshake, not accepted then 1013
+            await _echo_once(_ws(base))
+        assert refused.value.response.status_code == 401
+        with pytest.raises(ConnectionClosed) as closed:
+            await _echo_once(_ws(base), additional_headers={"Authorization": "Bearer k-second"})
+        assert closed.value.rcvd.code == 1013
+        gate.set()
+        await wait_ready(base)
+        assert await _echo_once(_ws(base), additional_headers={"Authorization": "Bearer k-second"}) == "hello"
+
+
+async def test_browser_origins_other_than_the_server_are_refused_before_accept(gate):
+    gate.set()
+    async with serve_in_process(_config(allowed_origins=["https://app.example"])) as (base, _):
+        host = base.removeprefix("http://")
+        with pytest.raises(InvalidStatus) as refused:
+            await _echo_once(_ws(base), origin="http://evil.example")
+        assert refused.value.response.status_code == 403
+        with pytest.raises(InvalidStatus):
+            await _echo_once(_ws(base), origin="null")  # sandboxed frames, file:// pages
+        assert await _echo_once(_ws(base), origin=f"http://{host}") == "hello"  # same origin
+        assert await _echo_once(_ws(base), origin="https://app.example") == "hello"  # listed
+        assert await _echo_once(_ws(base)) == "hello"  # no Origin: not a browser
+
+
+def test_keys_are_compared_with_every_configured_key(monkeypatch):
+    calls = []
+    real = auth.hmac.compare_digest
+    monkeypatch.setattr(auth.hmac, "compare_digest", lambda a, b: calls.append(1) or real(a, b))
+    keys = ["a" * 40, "b", "c" * 7]
+    assert auth.key_matches("a" * 40, keys)  # the first key matches: the others are still compared
+    assert len(calls) == 3
+    assert not auth.key_matches("a" * 39, keys)
+    assert len(calls) == 6
+
+
+async def _until(predicate, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def _idle_sockets(port: int, n: int) -> list[socket.socket]:
+    return [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+
+
+async def test_connection_limit_answers_503_and_1013_but_keeps_the_probes(gate, monkeypatch):
+    monkeypatch.setattr(server_module, "FIRST_REQUEST_TIMEOUT_S", 1.5)
+    gate.set()
+    limit = 3
+    async with serve_in_process(_config(max_connections=limit)) as (base, server):
+        port = int(base.rsplit(":", 1)[1])
+        idle = _idle_sockets(port, limit + 2)  # TCP connections that never send a request
+        try:
+            await _until(lambda: len(server.server_state.connections) == limit + 2)
+            async with httpx.AsyncClient(base_url=base) as client:
+                refused = await client.get("/v1/models")
+                assert (refused.status_code, refused.text) == (503, "server is at its connection limit\n")
+                assert (await client.get("/healthz")).status_code == 200  # the probe reserve
+                assert (await client.get("/readyz")).status_code == 200
+            with pytest.raises(ConnectionClosed) as closed:
+                await _echo_once(_ws(base))
+            assert closed.value.rcvd.code == 1013
+            # past the reserve too: refused at once, before the server reads anything
+            hard_limit = limit + server_module.PROBE_RESERVE
+            await _until(lambda: len(server.server_state.connections) == len(idle))
+            idle += _idle_sockets(port, hard_limit - len(idle))
+            await _until(lambda: len(server.server_state.connections) == hard_limit)
+            (late,) = _idle_sockets(port, 1)
+            late.settimeout(5)
+            reply = await asyncio.to_thread(late.recv, 1024)
+            assert reply.startswith(b"HTTP/1.1 503 ")
+            late.close()
+            # connections that never send a request are closed after the first-request deadline
+            for sock in idle:
+                sock.settimeout(5)
+                assert await asyncio.to_thread(sock.recv, 1) == b""
+            async with httpx.AsyncClient(base_url=base) as client:
+                assert (await client.get("/v1/models")).status_code == 200
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_connection_limit_stays_below_the_fd_limit(monkeypatch):
+    monkeypatch.setattr(server_module.resource, "getrlimit", lambda _: (1024, 4096))
+    fits = 1024 - server_module.FD_HEADROOM - server_module.PROBE_RESERVE
+    assert server_module.connection_limit(100) == 100
+    assert server_module.connection_limit(5000) == fits
