@@ -1,10 +1,12 @@
-"""A robot policy as a stage of the stage engine (``models.stage.ModelStage``).
+"""A robot policy as a stateful batched stage (``models.stage.BatchedStage`` + ``StatefulStage``).
 
-Each item's payload is a :class:`PolicyTick` (a prepared observation and the session's immutable
-state snapshot); the engine batches items of many sessions and this stage runs them through one
-``policy.infer``. Each output is a :class:`PolicyChunk` carrying the forward's duration, which
-the OpenPI reply reports as ``policy_timing.infer_ms``. Per-session state lives with the session
-(its runner commits chunks), so the stage itself is stateless.
+Each item's payload is a :class:`PolicyInput` (a prepared observation and when its request
+arrived); the engine batches items of many sessions and this stage runs them through one
+``policy.infer``. Per-session policy state (the previous action chunk for real-time chunking) lives
+here, one :class:`~models.policy.interface.PolicyState` per slot of the runtime's slot table: the
+stage snapshots it for the forward and commits the new chunk after it, so a forward that raises
+changes nothing (the engine may re-run a batch in halves). Each output is a :class:`PolicyChunk`
+carrying the forward's duration, which the OpenPI reply reports as ``policy_timing.infer_ms``.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from models.policy.interface import Policy
+from models.policy.interface import Policy, PolicyState
 from models.stage import StageItem
 
+DEFAULT_SLOTS = 256
 
-@dataclass(frozen=True)
-class PolicyTick:
+
+@dataclass(frozen=True, slots=True)
+class PolicyInput:
     prepared: Any
-    snapshot: Any
+    received_at: float  # time.perf_counter() when the request arrived (RTC measures latency from it)
 
 
 @dataclass(frozen=True)
@@ -33,16 +37,41 @@ class PolicyChunk:
     batch_size: int
 
 
+def policy_input(snapshot: Any) -> PolicyInput:
+    """The tick snapshot's payload is already the stage input (the robot kind builds it)."""
+    return snapshot.payload
+
+
 class PolicyStage:
     """``device`` defaults to the policy's, so the engine's worker thread runs on that device's stream."""
 
-    def __init__(self, policy: Policy, name: str = "policy", device: str | None = None) -> None:
+    def __init__(
+        self, policy: Policy, name: str = "policy", device: str | None = None, slot_capacity: int = DEFAULT_SLOTS
+    ) -> None:
         self.policy = policy
         self.name = name
         self.device = device or getattr(policy, "device", "cpu")
+        self.slot_capacity = slot_capacity
+        self._states: list[PolicyState | None] = [None] * slot_capacity
+
+    def state_bytes(self) -> int:
+        return int(self.policy.new_state().nbytes)
+
+    def open_state(self, session_id: str, slot: int) -> None:
+        self._states[slot] = self.policy.new_state()
+
+    def release_state(self, session_id: str, slot: int, state: object) -> None:
+        self._states[slot] = None
 
     def forward(self, items: Sequence[StageItem]) -> list[PolicyChunk]:
         start = time.perf_counter()
-        chunks = self.policy.infer([i.payload.prepared for i in items], [i.payload.snapshot for i in items])
-        ms = (time.perf_counter() - start) * 1000.0
+        now = time.monotonic()
+        states = [self._states[item.slot] for item in items]
+        inputs: list[PolicyInput] = [item.payload for item in items]
+        snapshots = [s.snapshot(i.prepared, now) for s, i in zip(states, inputs, strict=True)]
+        chunks = self.policy.infer([i.prepared for i in inputs], snapshots)
+        done = time.perf_counter()
+        for state, inp, chunk in zip(states, inputs, chunks, strict=True):  # commit: the forward succeeded
+            state.commit(chunk, done - inp.received_at, now + (done - start))
+        ms = (done - start) * 1000.0
         return [PolicyChunk(chunk, ms, len(items)) for chunk in chunks]

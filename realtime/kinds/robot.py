@@ -5,12 +5,12 @@ connection is one session of the session runtime (admission, idle timeout, reset
 ``SessionManager``); observations of all connected robots batch into one forward through the
 policy's ``StageEngine``, on the engine's worker thread.
 
-Per connection: one request loop, the session's single writer, strictly request/response as
-openpi's own server (the next frame is read only after the reply went out, so replies are in
-request order and a robot cannot queue work): decode (frames over 1 MiB off the loop), prepare the
-observation, snapshot per-session state, run the tick through the engine, commit the chunk,
-reply. A watcher ends the connection when the runtime closes the session (idle, lifetime,
-eviction, shutdown). Keepalive pings are answered by the transport meanwhile.
+Per connection: the shared connection skeleton (``realtime.connection``) with an inline handler:
+strictly request/response as openpi's own server (the next frame is read only after the reply,
+so replies are in request order and a robot cannot queue work): decode (frames over 1 MiB off the
+loop), prepare the observation, run the tick through the engine's ``StageExecutor`` (the policy
+stage keeps the per-session RTC state in its slot), reply. The skeleton ends the connection when
+the runtime closes the session (idle, lifetime, eviction, shutdown) and releases it.
 
 Client ``session_id`` (an optional observation key) follows vllm-omni: the first call of a
 connection starts fresh; a different id than the previous call resets the session first.
@@ -28,26 +28,24 @@ from typing import Any
 import torch
 from prometheus_client import Counter
 from starlette.routing import BaseRoute, WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from models.policy.interface import ObservationError, Policy
 from models.policy.pi0_tiny import Pi0TinyConfig, Pi0TinyPolicy
-from models.policy.stage import PolicyChunk, PolicyStage, PolicyTick
+from models.policy.stage import PolicyChunk, PolicyInput, PolicyStage, policy_input
 from models.policy.trivial import ZerosPolicy
 from realtime import __version__
 from realtime.config import RobotConfig
+from realtime.connection import Close, Connection, run_connection
 from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
-from realtime.kinds.runtime import build_session_manager
+from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
+from realtime.logs import log_internal_error
 from realtime.protocols import openpi
-from realtime.ws import CloseCode, close_quietly, serve_websocket
-from sessions.capacity import MemoryDeclaration
+from realtime.ws import CloseCode, serve_websocket
 from sessions.engine import StageEngine
-from sessions.engine.engine import DEFAULT_MAX_SESSIONS
 from sessions.errors import SessionError
-from sessions.log_context import session_context
+from sessions.executor import StageExecutor
 from sessions.manager import SessionManager
-from sessions.session import Session
-from sessions.tick import TickOutput, TickSnapshot
 
 log = logging.getLogger("realtime.robot")
 
@@ -64,14 +62,6 @@ OFFLOAD_DECODE_BYTES = 1 << 20
 MALLOC_MMAP_THRESHOLD_BYTES = 8 << 20
 MALLOC_TRIM_THRESHOLD_BYTES = 64 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-_CLOSE_REASONS = {
-    "idle": "idle timeout: no request for {idle:g} s",
-    "lifetime": "maximum session lifetime reached",
-    "evicted": "session evicted to make room",
-    "shutdown": "server shutting down",
-}
-
-
 def resolve_device(name: str) -> str:
     """``robot.device`` -> a torch device string: ``auto`` is ``cuda:<current>`` when CUDA is
     available, else ``cpu``; ``cuda`` without a usable device raises a one-line RuntimeError."""
@@ -120,20 +110,6 @@ def handshake_metadata(policy: Policy, config: RobotConfig) -> dict[str, Any]:
     }
 
 
-class _EngineExecutor:
-    """The sessions' tick executor: one tick = one item of the policy engine's next batch."""
-
-    def __init__(self, engine: StageEngine) -> None:
-        self.engine = engine
-
-    async def execute(self, snapshot: TickSnapshot) -> TickOutput[PolicyChunk]:
-        engine, session_id = self.engine, snapshot.session_id
-        if not engine.is_open(session_id):  # the first tick, or the first after a reset
-            await engine.open(session_id)
-        chunk = await engine.submit(session_id, snapshot.epoch, snapshot.payload)
-        return TickOutput(snapshot.metadata, chunk)
-
-
 class RobotService:
     """The ``robot`` session kind (``realtime.kinds.base.SessionKindService``)."""
 
@@ -179,25 +155,19 @@ class RobotService:
         progress("ready", 2, 2)
 
     async def start(self) -> None:
-        cfg, runtime = self.config, self.ctx.config.runtime
+        cfg = self.config
         assert self.policy is not None, "load() runs before start()"
+        stage = PolicyStage(self.policy, name="robot-policy")
         self.engine = StageEngine(
-            PolicyStage(self.policy, name="robot-policy"),
-            registry=self.ctx.registry,
-            max_batch=cfg.max_batch,
-            coalesce_window_s=cfg.coalesce_window_s,
+            stage, registry=self.ctx.registry, max_batch=cfg.max_batch, coalesce_window_s=cfg.coalesce_window_s
         )
         self.manager = build_session_manager(
             self.name,
-            runtime=runtime,
+            ctx=self.ctx,
             kind_config=cfg,
-            executor=_EngineExecutor(self.engine),
-            declaration=MemoryDeclaration(
-                resident_bytes_per_session=self.policy.new_state().nbytes, max_sessions=DEFAULT_MAX_SESSIONS
-            ),
+            plan=capacity_plan(self.ctx.config.runtime, stage_declaration(stage)),
+            executor=StageExecutor(self.engine, policy_input),
             lifecycle=self.engine,
-            registry=self.ctx.registry,
-            state_factory=self.policy.new_state,
         )
         await self.manager.start()
         log.info(
@@ -211,95 +181,66 @@ class RobotService:
             await self.engine.close()
 
     async def _endpoint(self, websocket: WebSocket) -> None:
-        await serve_websocket(websocket, self.ctx, self.name, _Connection(self, websocket).run)
-
-
-class _Connection:
-    """One robot's websocket: a request loop around one session."""
-
-    def __init__(self, service: RobotService, websocket: WebSocket) -> None:
-        self.service = service
-        self.ws = websocket
-        cfg = service.config
-        self.codec = openpi.ServerConnection(
-            max_message_bytes=cfg.max_message_bytes, error_mode=cfg.error_mode
+        assert self.manager is not None
+        handler = _RobotHandler(self)
+        await serve_websocket(
+            websocket,
+            self.ctx,
+            self.name,
+            lambda: run_connection(
+                websocket, self.ctx, self.name, handler, self.manager, idle_timeout_s=self.config.idle_timeout_s
+            ),
         )
+
+
+class _RobotHandler:
+    """One robot's connection: strict request/response, as openpi's server (``KindHandler``).
+
+    Inline: the reader handles each request before it reads the next frame, so replies are in
+    request order and a robot cannot queue work. State (codec, episode, timings) is this
+    connection's own.
+    """
+
+    inline = True
+
+    def __init__(self, service: RobotService) -> None:
+        self.service = service
+        cfg = service.config
+        self.codec = openpi.ServerConnection(max_message_bytes=cfg.max_message_bytes, error_mode=cfg.error_mode)
         self.episode: str | None = None
         self.prev_total_ms: float | None = None
+        self.received_at = 0.0
 
-    async def run(self) -> None:
-        manager = self.service.manager
-        assert manager is not None
+    async def opened(self, conn: Connection) -> None:
         try:
-            session = await manager.create()
+            await conn.create_session()
         except SessionError as exc:
-            await self._send(self.codec.fatal(exc.code, exc.message, CloseCode.TRY_AGAIN_LATER))
             self.service.errors.labels(exc.code).inc()
+            await self._send(conn, self.codec.fatal(exc.code, exc.message, CloseCode.TRY_AGAIN_LATER))
             return
-        try:
-            with session_context(session.session_id):
-                await self._serve(session)
-        except Exception:
-            log.exception("robot connection failed")
-            await self._close(openpi.INTERNAL_ERROR, "internal server error")
-        finally:
-            await manager.disconnect(session.session_id)
+        await conn.send(self.codec.start(self.service.metadata))
 
-    async def _serve(self, session: Session) -> None:
-        await self.ws.send_bytes(self.codec.start(self.service.metadata))
-        loop = asyncio.create_task(self._request_loop(session), name="openpi-requests")
-        ended = asyncio.create_task(session.wait_closed(), name="openpi-session-end")
-        try:
-            done, _ = await asyncio.wait({loop, ended}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (loop, ended):
-                task.cancel()
-            await asyncio.gather(loop, ended, return_exceptions=True)
-        if loop in done and not loop.cancelled() and loop.exception() is not None:
-            raise loop.exception()
-        if ended in done:
-            reason = ended.result()
-            text = _CLOSE_REASONS.get(reason, "session closed: {reason}").format(
-                idle=self.service.config.idle_timeout_s, reason=reason
-            )
-            await self._close(
-                CloseCode.GOING_AWAY if reason == "shutdown" else CloseCode.POLICY_VIOLATION, text
-            )
-
-    async def _request_loop(self, session: Session) -> None:
-        """Strict request/response, as openpi's server: the next frame is read after the reply."""
+    async def decode(self, frame: bytes | str) -> Any:
+        self.received_at = time.perf_counter()
         max_bytes = self.service.config.max_message_bytes
-        while True:
-            try:
-                message = await self.ws.receive()
-            except (WebSocketDisconnect, RuntimeError):
-                return
-            if message["type"] == "websocket.disconnect":
-                return
-            frame = message.get("bytes")
-            if frame is None:
-                frame = message.get("text", "")
-            received_at = time.perf_counter()
-            if len(frame) > OFFLOAD_DECODE_BYTES:
-                decoded = await asyncio.to_thread(openpi.decode, frame, max_bytes)
-            else:
-                decoded = openpi.decode(frame, max_bytes)
-            del frame
-            if self.codec.state is not openpi.State.OPEN:  # openpi error mode closed the connection
-                return
-            reply = await self._handle(session, self.codec.accept(decoded), received_at)
-            if isinstance(reply, openpi.Error):
-                self.service.errors.labels(reply.code).inc()
-            out = self.codec.reply(reply)
-            await self._send(out)
-            self.prev_total_ms = (time.perf_counter() - received_at) * 1000.0
-            if out.close is not None:
-                return
+        if len(frame) > OFFLOAD_DECODE_BYTES:
+            return await asyncio.to_thread(openpi.decode, frame, max_bytes)
+        return openpi.decode(frame, max_bytes)
 
-    async def _handle(self, session: Session, cmd: openpi.Command, received_at: float) -> openpi.Reply:
-        manager = self.service.manager
-        policy = self.service.policy
-        assert manager is not None and policy is not None
+    async def handle(self, conn: Connection, decoded: Any) -> None:
+        received_at = self.received_at
+        reply = await self._reply(conn, self.codec.accept(decoded), received_at)
+        if isinstance(reply, openpi.Error):
+            self.service.errors.labels(reply.code).inc()
+        await self._send(conn, self.codec.reply(reply))
+        self.prev_total_ms = (time.perf_counter() - received_at) * 1000.0
+
+    async def session_ended(self, conn: Connection, reason: str) -> Close:
+        return Close(reason) if reason in ("idle", "lifetime", "evicted", "shutdown") else Close("closed", reason)
+
+    async def _reply(self, conn: Connection, cmd: openpi.Command, received_at: float) -> openpi.Reply:
+        manager, policy, session = self.service.manager, self.service.policy, conn.session
+        assert manager is not None and policy is not None and session is not None
         if isinstance(cmd, openpi.Rejected):
             return openpi.Error(cmd.seq, cmd.code, cmd.message)
         try:
@@ -314,35 +255,26 @@ class _Connection:
                 prepared = policy.prepare(cmd.observation)  # validation only: cheap by contract
             except ObservationError as exc:
                 return openpi.Error(cmd.seq, openpi.ErrorCode.INVALID_OBSERVATION, str(exc))
-            except Exception:
-                log.exception("preparing an observation failed")
+            except Exception as exc:
+                log_internal_error(log, session.session_id, "preparing an observation failed", exc)
                 return openpi.Error(
                     cmd.seq, openpi.ErrorCode.INTERNAL, "internal error preparing the observation"
                 )
-            tick = PolicyTick(prepared, session.state.snapshot(prepared, time.monotonic()))
-            result = await session.next_tick(tick)
+            result = await session.next_tick(PolicyInput(prepared, received_at))
         except SessionError as exc:
             return openpi.Error(cmd.seq, exc.code, exc.message)
         chunk: PolicyChunk = result.value
-        latency = time.perf_counter() - received_at
-        session.state.commit(chunk.actions, latency, time.monotonic())
-        server_timing = {"infer_ms": latency * 1000.0}
+        server_timing = {"infer_ms": (time.perf_counter() - received_at) * 1000.0}
         if self.prev_total_ms is not None:
             server_timing["prev_total_ms"] = self.prev_total_ms
         policy_timing = {"infer_ms": chunk.forward_ms, "batch_size": float(chunk.batch_size)}
         return openpi.Actions(cmd.seq, chunk.actions, server_timing, policy_timing)
 
-    async def _send(self, out: openpi.Outbound) -> None:
-        for frame in out.frames:
-            if isinstance(frame, str):
-                await self.ws.send_text(frame)
-            else:
-                await self.ws.send_bytes(frame)
+    async def _send(self, conn: Connection, out: openpi.Outbound) -> None:
+        await conn.send(*out.frames)
         if out.close is not None:
-            await self._close(*out.close)
-
-    async def _close(self, code: int, reason: str) -> None:
-        await close_quietly(self.ws, code, reason)
+            code, text = out.close
+            conn.end("capacity" if code == CloseCode.TRY_AGAIN_LATER else "protocol_fatal", text)
 
 
 def build_robot_service(ctx: ServerContext) -> RobotService:

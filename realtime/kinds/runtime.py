@@ -1,11 +1,13 @@
-"""Deploy config -> session runtime: one place that maps ``runtime.*`` and a kind's section
-onto a :class:`sessions.manager.SessionManager`, so every kind gets the same limits.
+"""Deploy config -> session runtime: one place that maps ``runtime.*`` and a kind's section onto a
+:class:`sessions.manager.SessionManager`, so every kind gets the same limits.
 
-``build_session_manager`` plans capacity from the model's :class:`MemoryDeclaration` against
-``runtime.memory_available_bytes`` or the memory measured now on ``device`` (call it after the
-kind's models and pools are loaded), then builds the manager with the admission, expiry and
-per-session limits of the config. A model that cannot fit one session raises
-:class:`sessions.errors.CapacityError` naming available and required bytes (startup fails).
+Capacity is planned **once** per kind (architecture invariant 7): :func:`capacity_plan` measures
+the memory available (``runtime.memory_available_bytes`` if set, else free memory on the device,
+measured *before* the kind allocates its pools), and the same :class:`CapacityPlan` sizes the
+model's pools and the manager's admission, so the manager admits exactly what the pools hold. A
+model that cannot fit one session raises :class:`sessions.errors.CapacityError` naming available
+and required bytes (startup fails). :func:`stage_declaration` turns a stage's ``state_bytes()``
+(summed over a pipeline's stages) into the declaration the plan reads.
 
 The reaper checks every ``runtime.reaper_interval_s``, or a quarter of the kind's idle timeout
 when that is shorter, so an idle session closes within 1.25x its timeout.
@@ -13,18 +15,14 @@ when that is shorter, so an idle session closes within 1.25x its timeout.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any, Protocol
-
-from prometheus_client import CollectorRegistry
 
 from realtime.config import RuntimeConfig
 from sessions.capacity import CapacityPlan, MemoryDeclaration, available_memory_bytes, plan_capacity
-from sessions.identities import RequestIdFactory, default_request_id
 from sessions.lifecycle import LifecycleBackend
 from sessions.manager import AdmissionPolicy, SessionManager
 from sessions.reaper import ExpiryPolicy
-from sessions.reducer import ControlReducer
 from sessions.session import SessionLimits
 from sessions.tick import TickExecutor
 
@@ -66,9 +64,19 @@ def session_limits(runtime: RuntimeConfig) -> SessionLimits:
     )
 
 
-def capacity_plan(
-    runtime: RuntimeConfig, declaration: MemoryDeclaration, device: str = "cpu"
-) -> CapacityPlan:
+def stage_declaration(*stages: Any, scratch_bytes: int = 0) -> MemoryDeclaration:
+    """The declaration of one session over ``stages``: their ``state_bytes()`` summed, capped by
+    the smallest ``slot_capacity`` (a stateless stage declares 0 bytes and no cap)."""
+    caps: Sequence[int] = [s.slot_capacity for s in stages if hasattr(s, "slot_capacity")]
+    return MemoryDeclaration(
+        resident_bytes_per_session=sum(int(s.state_bytes()) for s in stages if hasattr(s, "state_bytes")),
+        scratch_bytes=scratch_bytes,
+        max_sessions=min(caps) if caps else None,
+    )
+
+
+def capacity_plan(runtime: RuntimeConfig, declaration: MemoryDeclaration, device: str = "cpu") -> CapacityPlan:
+    """The kind's one plan: call it once, before allocating pools (see the module docstring)."""
     available = runtime.memory_available_bytes
     return plan_capacity(
         declaration,
@@ -81,28 +89,21 @@ def capacity_plan(
 def build_session_manager(
     kind: str,
     *,
-    runtime: RuntimeConfig,
+    ctx: Any,
     kind_config: KindLimits,
+    plan: CapacityPlan,
     executor: TickExecutor,
-    declaration: MemoryDeclaration,
     lifecycle: LifecycleBackend,
-    registry: CollectorRegistry,
-    device: str = "cpu",
-    reducer_factory: Callable[[], ControlReducer] | None = None,
-    state_factory: Callable[[], Any] | None = None,
-    request_id_factory: RequestIdFactory = default_request_id,
 ) -> SessionManager:
-    """A manager for ``kind`` with capacity planned from memory and limits from the config."""
+    """A manager for ``kind`` admitting ``plan.capacity`` sessions, limits from the config."""
+    runtime = ctx.config.runtime
     return SessionManager(
         kind,
         executor=executor,
-        capacity=capacity_plan(runtime, declaration, device),
+        capacity=plan,
         lifecycle=lifecycle,
         admission=admission_policy(runtime),
         expiry=expiry_policy(runtime, kind_config),
         limits=session_limits(runtime),
-        reducer_factory=reducer_factory,
-        state_factory=state_factory,
-        request_id_factory=request_id_factory,
-        registry=registry,
+        registry=ctx.registry,
     )
