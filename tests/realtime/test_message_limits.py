@@ -1,0 +1,143 @@
+"""Per-route message limits enforced by the transport, and hostile JSON, against a real server process.
+
+Regressions for issue 11 defects 5 and 6: the world route accepted 64 MiB frames (its protocol's
+limit is 64 KiB), assembling and decoding them on the event loop (``/healthz`` p99 400-620 ms
+meanwhile); ``NaN``, ``1e999``, 4,300-digit integers and a ``client_ts_ms`` of 10**400 closed the
+world socket with 1011 and a server traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.frames import Opcode
+from websockets.sync.client import connect
+
+from tests.realtime.rawws import RawClient
+from tests.realtime.test_serve_process import start_server
+
+pytestmark = pytest.mark.timeout(180)
+
+ROBOT_LIMIT = 1 << 20
+CONFIG = f"""
+runtime: {{memory_available_bytes: 1073741824}}
+robot: {{enabled: true, policy: zeros, device: cpu, max_message_bytes: {ROBOT_LIMIT}}}
+world: {{enabled: true, model: world-test, torch_threads: 1}}
+"""
+WORLD = "/v1/realtime/world?protocol_version=1"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp: Path = tmp_path_factory.mktemp("limits")
+    proc, url = start_server(CONFIG, tmp)
+    try:
+        yield url, tmp / "server.log"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def _ws(url: str) -> str:
+    return url.replace("http://", "ws://")
+
+
+def test_oversized_frames_close_1009_from_the_frame_header(served):
+    url, _ = served
+    world = RawClient(_ws(url) + WORLD)
+    world.send_text(json.dumps({"type": "session.ping", "data": "x" * 70_000}))  # 70 KB > 64 KiB
+    assert world.close_code() == 1009
+    world.close()
+    for path, size in ((WORLD, 64 * 1024 * 1024), ("/", ROBOT_LIMIT + 1)):
+        client = RawClient(_ws(url) + path)
+        client.send_frame_header(Opcode.BINARY if path == "/" else Opcode.TEXT, size)
+        assert client.close_code() == 1009, path  # refused with no payload sent: nothing assembled
+        client.close()
+    with connect(_ws(url) + WORLD, open_timeout=30) as ws:  # within the limit: served
+        ws.send(json.dumps({"type": "session.ping", "data": "x" * 60_000}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.pong"
+
+
+def _stream_oversized(url: str, stop: threading.Event, refused: list[int]) -> None:
+    """Open world sockets and stream 64 MiB frames at them, one after another, until stopped."""
+    chunk = b"x" * (1 << 20)
+    while not stop.is_set():
+        client = RawClient(_ws(url) + WORLD)
+        client.send_frame_header(Opcode.TEXT, 64 * 1024 * 1024)
+        try:
+            for _ in range(64):
+                client.sock.sendall(chunk)
+        except OSError:  # the server refused the frame and closed
+            refused.append(1)
+        client.close()
+
+
+def test_healthz_stays_fast_while_oversized_frames_stream_in(served):
+    url, _ = served
+    stop, refused = threading.Event(), []
+    attacker = threading.Thread(target=_stream_oversized, args=(url, stop, refused), daemon=True)
+    latencies = []
+    with httpx.Client(base_url=url) as client:
+        client.get("/healthz")
+        attacker.start()
+        try:
+            time.sleep(0.5)
+            for _ in range(300):
+                t0 = time.perf_counter()
+                assert client.get("/healthz").status_code == 200
+                latencies.append((time.perf_counter() - t0) * 1000)
+                time.sleep(0.005)
+        finally:
+            stop.set()
+            attacker.join(timeout=30)
+    p99 = statistics.quantiles(latencies, n=100)[98]
+    assert p99 < 20.0, f"/healthz p99 {p99:.1f} ms while oversized frames stream in"
+    assert len(refused) >= 10, "the attacker must have kept streaming oversized frames"
+
+
+HOSTILE = [
+    '{"type": "session.ping", "data": NaN}',
+    '{"type": "session.ping", "data": [Infinity]}',
+    '{"type": "session.ping", "data": -Infinity}',
+    '{"type": "session.ping", "data": 1e999}',
+    '{"type": "session.ping", "data": ' + "9" * 4301 + "}",
+    '{"type": "session.ping", "data": 1, "extra": true}',
+    '{"type": "session.ping", "data": ' + "[" * 40 + "]" * 40 + "}",
+]
+
+
+def test_hostile_json_gets_typed_errors_and_the_socket_stays_open(served):
+    url, log = served
+    with connect(_ws(url) + WORLD, open_timeout=30, max_size=None) as ws:
+        for text in HOSTILE:
+            ws.send(text)
+            reply = json.loads(ws.recv(timeout=30))
+            assert reply["type"] == "error" and reply["error"]["code"] == "invalid_message", text[:60]
+        ws.send(json.dumps({"type": "session.start", "pacing": "realtime", "fps": 1}))
+        while json.loads(ws.recv(timeout=30))["type"] != "session.created":
+            pass
+        for text in (
+            '{"type": "session.event", "event_id": 1, "client_ts_ms": ' + "1" + "0" * 400 + "}",
+            '{"type": "session.event", "event_id": 2, "client_ts_ms": 1e400}',
+            '{"type": "session.event", "event_id": 3, "turbo": true}',
+        ):
+            ws.send(text)
+            while True:
+                reply = ws.recv(timeout=30)
+                if isinstance(reply, str) and json.loads(reply)["type"] in ("error", "session.event.ack"):
+                    break
+            assert json.loads(reply)["error"]["code"] == "invalid_message", text[:60]
+        ws.send(json.dumps({"type": "session.ping", "data": 7}))
+        while True:
+            reply = ws.recv(timeout=30)
+            if isinstance(reply, str) and json.loads(reply)["type"] == "session.pong":
+                assert json.loads(reply)["data"] == 7
+                break
+    assert "Traceback" not in log.read_text()
