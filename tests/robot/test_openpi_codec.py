@@ -216,3 +216,102 @@ def test_openpi_error_mode_sends_text_then_closes_1011_without_traceback():
     assert isinstance(out.frames[0], str) and "Traceback" not in out.frames[0]
     assert out.close == (1011, cmd.message)
     assert conn.state is openpi.State.CLOSED
+
+
+def _frame(value) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def _infer(conn: ServerConnection, observation) -> Infer | Rejected:
+    return conn.accept(openpi.decode(_frame(observation), conn.max_message_bytes))
+
+
+def _open() -> ServerConnection:
+    conn = ServerConnection(max_prompt_chars=8)
+    conn.start({})
+    return conn
+
+
+def test_dtype_strings_do_not_pin_memory():
+    """Regression (issue 11 defect 4): numpy parses "<i" + many zeros + "8" as int64, and the
+    codec cached the raw string: every such request pinned its dtype string for good."""
+    import gc
+    import tracemalloc
+
+    conn = _open()
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(64):
+            dtype = "<i" + "0" * (1_000_000 + i) + "8"  # unique strings, 1 MB each
+            frame = _frame(
+                {
+                    "observation/state": {
+                        b"__ndarray__": True,
+                        b"data": b"\0" * 8,
+                        b"dtype": dtype,
+                        b"shape": [1],
+                    }
+                }
+            )
+            del dtype
+            reply = conn.accept(openpi.decode(frame, 1 << 24))
+            assert isinstance(reply, Rejected) and reply.code == ErrorCode.UNSUPPORTED_DTYPE
+            conn.reply(openpi.Error(reply.seq, reply.code, reply.message))
+            del frame, reply
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert retained < 1_000_000, f"{retained} bytes retained after 64 MB of dtype strings"
+
+
+@pytest.mark.parametrize(
+    "dtype", ["<f4", ">f8", "|u1", "|b1", "<i2", "<U4", "|S3", "float32", "uint8", "<u8"]
+)
+def test_allowed_dtypes_decode(dtype):
+    arr = np.zeros(2, dtype=np.dtype(dtype))
+    marker = {b"__ndarray__": True, b"data": arr.tobytes(), b"dtype": dtype, b"shape": [2]}
+    assert openpi.unpackb(_frame(marker)).dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize(
+    "dtype", ["<M8", "<m8", "<c8", "|O", "V4", "<U99999999", "i" * 17, "int", "<f16", "<q"]
+)
+def test_dtypes_off_the_allow_list_are_refused(dtype):
+    marker = {b"__ndarray__": True, b"data": b"", b"dtype": dtype, b"shape": [0]}
+    with pytest.raises(CodecError) as info:
+        openpi.unpackb(_frame(marker))
+    assert info.value.code == ErrorCode.UNSUPPORTED_DTYPE
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xff\xff\xff", "\ud800".encode("utf-32-le", "surrogatepass")])
+def test_text_arrays_with_invalid_code_points_are_refused(raw):
+    """A 0-d ``<U1`` above U+10FFFF made ``.item()`` raise SystemError; a lone surrogate broke
+    ``prompt.encode("utf-8")`` in the batch's collate (issue 11 defect 1)."""
+    marker = {b"__ndarray__": True, b"data": raw, b"dtype": "<U1", b"shape": []}
+    reply = _infer(_open(), {"prompt": marker})
+    assert isinstance(reply, Rejected) and reply.code == ErrorCode.INVALID_ARRAY
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "p" * 9,
+        b"p" * 33,
+        {b"__ndarray__": True, b"data": "p".encode("utf-32-le") * 9, b"dtype": "<U9", b"shape": []},
+        {b"__npgeneric__": True, b"data": "p" * 9, b"dtype": "<U9"},
+        "\ud800",
+    ],
+)
+def test_prompts_are_bounded_and_valid_text(prompt):
+    conn = _open()
+    frame = msgpack.packb({"prompt": prompt}, use_bin_type=True, unicode_errors="surrogatepass")
+    reply = conn.accept(openpi.decode(frame, conn.max_message_bytes))
+    if isinstance(prompt, str) and prompt == "\ud800":  # msgpack itself refuses the bytes on decode
+        assert isinstance(reply, Rejected) and reply.code == ErrorCode.INVALID_PAYLOAD
+        return
+    assert isinstance(reply, Rejected) and reply.code == ErrorCode.INVALID_OBSERVATION
+    assert "prompt" in reply.message
+    assert isinstance(_infer(conn, {"prompt": "p" * 8}), Infer)
