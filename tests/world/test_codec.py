@@ -164,3 +164,66 @@ def test_fmp4_fragment_before_init_segment_is_rejected():
     _, fragment = Fmp4Encoder(64, 64, fps=16).encode(_moving(5, 0))
     with pytest.raises(ValueError, match="init segment"):
         Fmp4Decoder().decode(fragment)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "9" * 400, "-" + "9" * 21, "[" * 40 + "]" * 40],
+    ids=["nan", "inf", "-inf", "1e999", "-1e999", "400-digits", "21-digits", "deep"],
+)
+def test_hostile_json_numbers_are_invalid_message(value):
+    """Regression (issue 11 defect 6): these closed the socket with 1011 and a traceback."""
+    cmd = _conn().receive_text('{"type":"session.ping","data":' + value + "}")
+    assert isinstance(cmd, proto.Rejected) and cmd.code == "invalid_message"
+
+
+@pytest.mark.parametrize("ts", ["1" + "0" * 400, "1e400", "NaN"], ids=["10**400", "1e400", "nan"])
+def test_client_ts_ms_that_cannot_be_a_float_is_invalid_message(ts):
+    cmd = _conn().receive_text('{"type":"session.event","event_id":4,"client_ts_ms":' + ts + "}")
+    assert isinstance(cmd, proto.Rejected) and cmd.code == "invalid_message"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"type": "session.event", "event_id": 3, "turbo": True},
+        {"type": "session.reset", "hard": True},
+        {"type": "session.close", "why": "x"},
+        {"type": "session.ping", "data": 1, "more": 2},
+    ],
+)
+def test_unknown_fields_are_invalid_message(message):
+    cmd = _conn().receive_text(json.dumps(message))
+    assert isinstance(cmd, proto.Rejected) and cmd.code == "invalid_message"
+    assert cmd.event_id == message.get("event_id")
+
+
+def test_lone_surrogate_prompts_are_invalid_message():
+    conn = _conn(started=False)
+    assert conn.receive_text('{"type":"session.start","prompt":"\\ud800"}').code == "invalid_message"
+    assert (
+        _conn().receive_text('{"type":"session.event","event_id":1,"prompt":"a\\udfff"}').code
+        == "invalid_message"
+    )
+
+
+def test_every_accepted_value_renders():
+    conn = _conn()
+    big = 10**19
+    ping = conn.receive_text(
+        json.dumps({"type": "session.ping", "data": [big, -big, 1e308, "\u00e9", {"a": None}]})
+    )
+    assert json.loads(proto.render_pong(ping.data))["data"][0] == big
+    event = conn.receive_text(
+        json.dumps({"type": "session.event", "event_id": 2**53 - 1, "client_ts_ms": big})
+    )
+    meta = {"session_id": "s", "client_ts_ms": event.event.client_ts_ms, "timing": {"queue_ms": 0.1234}}
+    assert json.loads(proto.render_chunk_metadata(meta))["client_ts_ms"] == big
+    assert json.loads(proto.render_event_ack(event.event.event_id, "accepted"))["event_id"] == 2**53 - 1
+    rejected = conn.receive_text(json.dumps({"type": "session.event", "event_id": big, "prompt": 5}))
+    assert (
+        json.loads(proto.render_error(rejected.code, rejected.message, rejected.event_id))["error"][
+            "event_id"
+        ]
+        == big
+    )
