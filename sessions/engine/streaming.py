@@ -196,8 +196,11 @@ class StreamingStageEngine:
         entry.requests.add(request)
         self._inflight += 1
         request.task = asyncio.get_running_loop().create_task(
-            self._pump(entry, request, item), name=f"stream-{self.name}"
+            self._pump(request, item), name=f"stream-{self.name}"
         )
+        # A done callback, not the pump's ``finally``: a pump cancelled before its first step
+        # (an abort in the same loop iteration as ``stream``) never runs its body.
+        request.task.add_done_callback(lambda _task: self._ended(entry, request))
         return ChunkStream(
             channel,
             stage=self.name,
@@ -235,7 +238,11 @@ class StreamingStageEngine:
                 log.exception("slot release failed at shutdown", extra={"stage": self.name})
         await self.worker.close()
 
-    async def _pump(self, entry: _Session, request: _Request, item: StageItem) -> None:
+    def _ended(self, entry: _Session, request: _Request) -> None:
+        entry.requests.discard(request)
+        self._inflight -= 1
+
+    async def _pump(self, request: _Request, item: StageItem) -> None:
         seq = 0
         chunks: AsyncIterator[Any] = self.stage.stream(item)
         try:
@@ -251,8 +258,6 @@ class StreamingStageEngine:
             self._m_item_fail.inc()
             request.stop(StageItemError(self.name, request.session_id, exc))
         finally:
-            entry.requests.discard(request)
-            self._inflight -= 1
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 try:

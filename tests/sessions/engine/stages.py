@@ -1,71 +1,62 @@
-"""Small model stages for the engine's unit tests (real code paths, deterministic timing)."""
+"""Small model stages for the engine's unit tests (real code paths, deterministic timing).
+
+Batched stages (``forward(items)``) run on the engine's worker thread; :class:`FakeStreamStage` is
+a self-scheduling streaming stage in the shape of an LLM on vLLM's ``AsyncLLM``: one async
+generator per request, a delay per chunk, an abort flag per request id and an endless mode.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator
 
 import torch
 
-from models.stage import StageOutput
+from models.stage import StageItem
 
 
 class RecordingStage:
-    """Doubles payloads; records each batch's session ids and start time."""
+    """Doubles payloads; records each batch's items and start time."""
 
     device = "cpu"
 
     def __init__(self, name: str = "rec", delay_s: float = 0.0) -> None:
         self.name = name
         self.delay_s = delay_s
-        self.batches: list[list[str]] = []
+        self.items: list[list[StageItem]] = []
         self.starts: list[float] = []
+
+    @property
+    def batches(self) -> list[list[str]]:
+        return [[item.session_id for item in batch] for batch in self.items]
 
     def forward(self, items):
         self.starts.append(time.monotonic())
-        self.batches.append([item.session_id for item in items])
+        self.items.append(list(items))
         if self.delay_s:
             time.sleep(self.delay_s)
         return [item.payload * 2 for item in items]
 
 
 class FlakyStage(RecordingStage):
-    """Fails the item whose payload is "bad"; raises for a batch holding "boom"."""
+    """Fails the item whose payload is "bad"; raises for any batch holding "boom"."""
 
     def forward(self, items):
-        self.batches.append([item.session_id for item in items])
+        self.items.append(list(items))
         if any(item.payload == "boom" for item in items):
             raise RuntimeError("boom")
         return [ValueError("bad item") if item.payload == "bad" else item.payload for item in items]
 
 
-class CountingStreamStage:
-    """Streams ``payload`` chunks (forever if None, one for a non-int input), one per forward step."""
-
-    device = "cpu"
-
-    def __init__(self, name: str = "stream", step_s: float = 0.0) -> None:
-        self.name = name
-        self.step_s = step_s
-        self.steps: dict[str, int] = {}
-        self.first_step_at: float | None = None
-
-    def forward(self, items):
-        if self.first_step_at is None:
-            self.first_step_at = time.monotonic()
-        if self.step_s:
-            time.sleep(self.step_s)
-        outputs = []
-        for item in items:
-            self.steps[item.session_id] = self.steps.get(item.session_id, 0) + 1
-            total = item.payload if item.payload is None or isinstance(item.payload, int) else 1
-            final = total is not None and item.step + 1 >= total
-            outputs.append(StageOutput((item.session_id, item.epoch, item.step), final=final))
-        return outputs
-
-
 class PooledStateStage:
-    """A stateful stage: per-session rows of a preallocated pool, gathered by slot index."""
+    """A stateful stage: per-session rows of a preallocated pool, gathered by slot index.
+
+    ``forward`` adds each item's payload to its session's row and returns the row's sum. It is
+    transactional per call, as the stage contract demands: it raises before writing anything if
+    any payload is ``"poison"``.
+    """
 
     device = "cpu"
 
@@ -75,6 +66,7 @@ class PooledStateStage:
         self.pool = torch.zeros(slot_capacity, width)
         self.opened: list[tuple[str, int]] = []
         self.released: list[tuple[str, int]] = []
+        self.forwards: list[list[str]] = []
         self.fail_release = False
 
     def state_bytes(self) -> int:
@@ -91,40 +83,13 @@ class PooledStateStage:
         self.released.append((session_id, slot))
 
     def forward(self, items):
+        self.forwards.append([item.session_id for item in items])
+        if any(item.payload == "poison" for item in items):
+            raise RuntimeError("poisoned input")
         index = torch.tensor([item.slot for item in items])
         rows = self.pool.index_select(0, index) + torch.tensor([[float(item.payload)] for item in items])
         self.pool.index_copy_(0, index, rows)
         return [float(row.sum()) for row in rows]
-
-
-class AbortableSlowStage:
-    """Each forward spins for up to ``run_s`` unless its session is aborted."""
-
-    device = "cpu"
-    name = "abortable"
-
-    def __init__(self, run_s: float = 2.0) -> None:
-        self.run_s = run_s
-        self._aborted: set[str] = set()
-        self._lock = threading.Lock()
-        self.durations: list[float] = []
-
-    def abort(self, session_id: str) -> None:
-        with self._lock:
-            self._aborted.add(session_id)
-
-    def forward(self, items):
-        with self._lock:
-            self._aborted.clear()
-        start = time.monotonic()
-        ids = {item.session_id for item in items}
-        while time.monotonic() - start < self.run_s:
-            with self._lock:
-                if ids <= self._aborted:
-                    break
-            time.sleep(0.005)
-        self.durations.append(time.monotonic() - start)
-        return [item.payload for item in items]
 
 
 class GatedStateStage(PooledStateStage):
@@ -150,3 +115,84 @@ class GatedStateStage(PooledStateStage):
         super().release_state(session_id, slot, state)
         if self.live.get(slot) == session_id:
             del self.live[slot]
+
+
+class FakeStreamStage:
+    """A fake LLM-like streaming stage: ``stream(item)`` is an async generator per request.
+
+    The payload says how many chunks to yield: an int ``n`` gives ``n`` chunks, ``None`` is
+    endless, anything else gives one. Chunk ``k`` is ``(session_id, epoch, k)``, yielded after
+    ``step_s`` (and after ``stall_s`` more before chunk ``stall_at``). ``abort(request_id)`` sets
+    the request's flag; its generator returns at its next step. Counters: ``steps`` (chunks made
+    per session), ``started`` (items), ``aborted`` (request ids, in call order), ``live`` (request
+    ids whose generator is running), ``ended`` (request ids whose generator exited).
+    """
+
+    device = "cpu"
+
+    def __init__(
+        self,
+        name: str = "stream",
+        step_s: float = 0.0,
+        stall_at: int | None = None,
+        stall_s: float = 0.0,
+    ) -> None:
+        self.name = name
+        self.step_s = step_s
+        self.stall_at = stall_at
+        self.stall_s = stall_s
+        self.steps: dict[str, int] = {}
+        self.started: list[StageItem] = []
+        self.aborted: list[str] = []
+        self.live: set[str] = set()
+        self.ended: list[str] = []
+        self.failing: set[str] = set()  # request ids whose stream raises after its first chunk
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def stream(self, item: StageItem) -> AsyncIterator[tuple[str, int, int]]:
+        self.started.append(item)
+        self.live.add(item.request_id)
+        total = item.payload if item.payload is None or isinstance(item.payload, int) else 1
+        k = 0
+        try:
+            while total is None or k < total:
+                if item.request_id in self.aborted:
+                    return
+                if k == self.stall_at:
+                    await asyncio.sleep(self.stall_s)
+                await asyncio.sleep(self.step_s)
+                if k == 1 and item.request_id in self.failing:
+                    raise RuntimeError("generation failed")
+                self.steps[item.session_id] = self.steps.get(item.session_id, 0) + 1
+                yield (item.session_id, item.epoch, k)
+                k += 1
+        finally:
+            self.live.discard(item.request_id)
+            self.ended.append(item.request_id)
+
+
+class StatefulStreamStage(FakeStreamStage):
+    """A streaming stage with per-session resident state (an LLM's KV cache) in slots."""
+
+    def __init__(self, slot_capacity: int = 2, name: str = "llm", step_s: float = 0.0) -> None:
+        super().__init__(name=name, step_s=step_s)
+        self.slot_capacity = slot_capacity
+        self.opened: list[tuple[str, int]] = []
+        self.released: list[tuple[str, int]] = []
+        self.seen_slots: list[tuple[str, int | None, object]] = []
+
+    def state_bytes(self) -> int:
+        return 1000
+
+    def open_state(self, session_id, slot):
+        self.opened.append((session_id, slot))
+        return f"kv-{session_id}"
+
+    def release_state(self, session_id, slot, state):
+        self.released.append((session_id, slot))
+
+    def stream(self, item: StageItem) -> AsyncIterator[tuple[str, int, int]]:
+        self.seen_slots.append((item.session_id, item.slot, item.state))
+        return super().stream(item)

@@ -19,7 +19,7 @@ from sessions.engine import (
     StaleEpochError,
 )
 from tests.sessions.engine.conftest import metric
-from tests.sessions.engine.stages import FlakyStage, RecordingStage
+from tests.sessions.engine.stages import FlakyStage, PooledStateStage, RecordingStage
 
 
 async def test_a_failed_item_fails_only_that_item(make_engine, registry):
@@ -39,18 +39,52 @@ async def test_a_failed_item_fails_only_that_item(make_engine, registry):
     assert metric(registry, "engine_failures_total", stage="rec", scope="item") == 1
 
 
-async def test_a_raising_forward_fails_its_batch_and_the_engine_keeps_serving(make_engine, registry):
+async def test_a_raising_forward_fails_only_the_offending_item(make_engine, registry):
+    """Batch isolation: the forward that raised is re-run in halves until only "c" fails alone."""
     stage = FlakyStage()
-    async with make_engine(stage, coalesce_window_s=0.0) as engine:
-        for sid in "abc":
+    async with make_engine(stage, max_batch=8, coalesce_window_s=0.0) as engine:
+        for sid in "abcd":
             await engine.open(sid)
         results = await asyncio.gather(
-            *(engine.submit(sid, 0, "boom" if sid == "a" else sid) for sid in "abc"), return_exceptions=True
+            *(engine.submit(sid, 0, "boom" if sid == "c" else sid) for sid in "abcd"), return_exceptions=True
         )
-        assert all(isinstance(r, StageBatchError) for r in results)
-        assert results[0].batch_size == 3 and isinstance(results[0].cause, RuntimeError)
-        assert await asyncio.gather(*(engine.submit(sid, 0, sid) for sid in "abc")) == list("abc")
-    assert metric(registry, "engine_failures_total", stage="rec", scope="batch") == 3
+        assert [results[0], results[1], results[3]] == ["a", "b", "d"]
+        assert isinstance(results[2], StageBatchError)
+        assert results[2].batch_size == 1 and isinstance(results[2].cause, RuntimeError)
+        assert stage.batches == [list("abcd"), list("ab"), list("cd"), ["c"], ["d"]]
+        assert await asyncio.gather(*(engine.submit(sid, 0, sid) for sid in "abcd")) == list("abcd")
+    assert metric(registry, "engine_failures_total", stage="rec", scope="batch") == 1
+
+
+async def test_batch_isolation_advances_healthy_sessions_state_exactly_once(make_engine, registry):
+    """A poisoned item in a stateful pooled stage's batch: the transactional forward wrote nothing
+    when it raised, so after bisecting each healthy row holds its input exactly once."""
+    stage = PooledStateStage(slot_capacity=4, width=2)
+    async with make_engine(stage, max_batch=4, coalesce_window_s=0.0) as engine:
+        slots = {sid: (await engine.open(sid)).index for sid in "abcd"}
+        payloads = {"a": 1, "b": 2, "c": "poison", "d": 4}
+        results = await asyncio.gather(
+            *(engine.submit(sid, 0, payloads[sid]) for sid in "abcd"), return_exceptions=True
+        )
+        assert [results[0], results[1], results[3]] == [2.0, 4.0, 8.0]
+        assert isinstance(results[2], StageBatchError) and results[2].batch_size == 1
+        assert stage.forwards[0] == list("abcd") and len(stage.forwards) > 1
+        rows = {sid: stage.pool[slot].tolist() for sid, slot in slots.items()}
+        assert rows == {"a": [1.0, 1.0], "b": [2.0, 2.0], "c": [0.0, 0.0], "d": [4.0, 4.0]}
+        # the poisoned session goes on from its untouched state, as do the others
+        assert await asyncio.gather(*(engine.submit(sid, 0, 1) for sid in "abcd")) == [4.0, 6.0, 2.0, 10.0]
+    assert metric(registry, "engine_failures_total", stage="pooled", scope="batch") == 1
+
+
+async def test_every_item_failing_alone_fails_every_item(make_engine):
+    async with make_engine(FlakyStage(), coalesce_window_s=0.0) as engine:
+        for sid in "ab":
+            await engine.open(sid)
+        results = await asyncio.gather(
+            *(engine.submit(sid, 0, "boom") for sid in "ab"), return_exceptions=True
+        )
+        assert all(isinstance(r, StageBatchError) and r.batch_size == 1 for r in results)
+        assert await engine.submit("a", 0, "ok") == "ok"
 
 
 async def test_wrong_output_count_is_a_batch_failure(make_engine):

@@ -1,234 +1,156 @@
-"""Chunk streams and pipelines: stale epochs, stall deadline, backpressure, first-chunk start."""
+"""Chunk streams: numbering, stale epochs, the stall deadline, backpressure, abandoned streams."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import threading
 import time
 
 import pytest
 
-from sessions.engine import EngineError, Pipeline, StageEngine, StaleEpochError, StallError
-from tests.sessions.engine.conftest import metric
-from tests.sessions.engine.stages import AbortableSlowStage, CountingStreamStage
+from sessions.engine import EngineClosedError, SessionReleasedError, StaleEpochError, StallError
+from tests.sessions.engine.conftest import metric, settled, wait_until
+from tests.sessions.engine.stages import FakeStreamStage, RecordingStage
 
 
-async def test_stream_chunks_are_numbered_and_end_with_final(make_engine):
-    async with make_engine(CountingStreamStage()) as engine:
+async def test_a_batched_stage_streams_one_final_chunk(make_engine):
+    async with make_engine(RecordingStage(), coalesce_window_s=0.0) as engine:
         await engine.open("a")
-        chunks = await engine.stream("a", 0, 4).collect()
+        chunks = await engine.stream("a", 0, 21, request_id="r").collect()
+    assert [(c.session_id, c.epoch, c.seq, c.payload, c.final) for c in chunks] == [("a", 0, 0, 42, True)]
+
+
+async def test_streaming_chunks_are_numbered_in_order_and_the_stream_ends(make_streaming):
+    async with make_streaming(FakeStreamStage(step_s=0.001)) as engine:
+        await engine.open("a")
+        chunks = await engine.stream("a", 0, 4, request_id="r").collect()
     assert [c.seq for c in chunks] == [0, 1, 2, 3]
-    assert [c.final for c in chunks] == [False, False, False, True]
+    assert [c.payload for c in chunks] == [("a", 0, k) for k in range(4)]
     assert {(c.session_id, c.epoch) for c in chunks} == {("a", 0)}
 
 
-async def wait_until(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
+async def test_epoch_bump_fails_in_flight_batched_work_at_once(make_engine, registry):
+    """The consumer hears of the bump at once; the forward's stale result is discarded."""
+    finished = threading.Event()
 
+    class Slow(RecordingStage):
+        def forward(self, items):
+            out = super().forward(items)
+            finished.set()
+            return out
 
-async def test_stale_epoch_chunks_are_dropped_at_every_stage(registry):
-    first = CountingStreamStage("first")
-    second = CountingStreamStage("second")
-    engines = [
-        StageEngine(first, registry=registry, stream_buffer=2, coalesce_window_s=0.0),
-        StageEngine(second, registry=registry, stream_buffer=2, coalesce_window_s=0.0),
-    ]
-    pipeline = Pipeline(engines, registry=registry, channel_size=2)
-    try:
-        await pipeline.open("s")
-        old = pipeline.stream("s", 0, None)  # endless; nobody reads, so every buffer fills
-        await wait_until(
-            lambda: sum(len(h) for _, h in pipeline._hops["s"]) == 2 and first.steps.get("s", 0) >= 4
-        )
-        dropped = pipeline.bump_epoch("s", 1)
-        assert dropped > 0
-        assert metric(registry, "engine_stale_chunks_dropped_total", stage="first") > 0
-        assert metric(registry, "engine_stale_chunks_dropped_total", stage="second") > 0
-        with pytest.raises(StaleEpochError):
-            async for _ in old:
-                pass
-        fresh = await pipeline.stream("s", 1, 3).collect()
-        assert [(c.epoch, c.seq, c.final) for c in fresh] == [(1, 0, False), (1, 1, False), (1, 2, True)]
-        assert all(c.payload[1] == 1 for c in fresh)  # the second stage only saw epoch-1 input
-    finally:
-        await pipeline.close()
-
-
-async def test_epoch_bump_aborts_in_flight_work(make_engine, registry):
-    stage = AbortableSlowStage(run_s=3.0)
+    stage = Slow(delay_s=0.5)
     async with make_engine(stage, coalesce_window_s=0.0) as engine:
         await engine.open("a")
-        result = engine.submit("a", 0, "old")
-        await asyncio.sleep(0.1)
-        t0 = time.monotonic()
+        result = engine.submit("a", 0, 1)
+        await wait_until(lambda: stage.items)
         engine.bump_epoch("a", 1)
         with pytest.raises(StaleEpochError):
-            await result  # the consumer hears at once, not after the forward
-        assert time.monotonic() - t0 < 0.1
-        assert await engine.submit("a", 1, "new") == "new"
-    assert stage.durations[0] < 1.0  # the 3 s forward was cut short
-    assert metric(registry, "engine_stale_chunks_dropped_total", stage="abortable") == 1
+            await result
+        assert not finished.is_set()  # heard while the forward still ran
+        assert await engine.submit("a", 1, 2) == 4
+    assert metric(registry, "engine_stale_chunks_dropped_total", stage="rec") == 1
 
 
-async def test_stall_deadline_fires_between_chunks(registry):
-    class StallsAfterFirst(CountingStreamStage):
-        def forward(self, items):
-            if items[0].step == 1:
-                time.sleep(0.6)
-            return super().forward(items)
-
-    engine = StageEngine(StallsAfterFirst(), registry=registry, stall_timeout_s=0.25)
-    try:
+async def test_stall_deadline_fires_between_chunks_and_aborts_the_request(make_streaming, registry):
+    stage = FakeStreamStage(stall_at=1, stall_s=5.0)
+    async with make_streaming(stage, stall_timeout_s=0.25) as engine:
         await engine.open("a")
-        stream = engine.stream("a", 0, 5)
-        first = await stream.__anext__()
-        assert first.seq == 0
+        stream = engine.stream("a", 0, 5, request_id="r1")
+        assert (await stream.__anext__()).seq == 0
         t0 = time.monotonic()
-        with pytest.raises(StallError):
+        with pytest.raises(StallError) as stalled:
             await stream.__anext__()
-        assert 0.2 < time.monotonic() - t0 < 0.5
-        assert metric(registry, "engine_stalls_total", stage="stream") == 1
-    finally:
-        await engine.close()
+        assert time.monotonic() - t0 >= 0.2
+        assert stalled.value.session_id == "a" and stalled.value.timeout_s == 0.25
+        assert stage.aborted == ["r1"]
+        await wait_until(lambda: "r1" in stage.ended)  # the stalled generator was closed
+    assert metric(registry, "engine_stalls_total", stage="stream") == 1
 
 
-async def test_stall_deadline_measures_gaps_not_the_whole_stream(make_engine, registry):
-    async with make_engine(CountingStreamStage(step_s=0.05), stall_timeout_s=0.2) as engine:
+async def test_stall_deadline_measures_gaps_not_the_whole_stream(make_streaming, registry):
+    async with make_streaming(FakeStreamStage(step_s=0.05), stall_timeout_s=0.25) as engine:
         await engine.open("a")
         chunks = await engine.stream("a", 0, 8).collect()  # ~0.4 s in total, 0.05 s apart
     assert len(chunks) == 8
     assert metric(registry, "engine_stalls_total", stage="stream") == 0
 
 
-async def test_backpressure_bounds_a_slow_reader_and_spares_other_sessions(make_engine):
-    stage = CountingStreamStage()
+async def test_backpressure_bounds_a_slow_reader_and_spares_other_sessions(make_streaming):
+    stage = FakeStreamStage()
     buffer = 3
-    async with make_engine(stage, stream_buffer=buffer, coalesce_window_s=0.0) as engine:
+    async with make_streaming(stage, stream_buffer=buffer) as engine:
         await engine.open("slow")
         await engine.open("other")
-        stream = engine.stream("slow", 0, None)  # endless producer
+        stream = engine.stream("slow", 0, None, request_id="endless")
         consumed = 0
         for _ in range(10):
             await stream.__anext__()
             consumed += 1
             await asyncio.sleep(0.01)
-            assert stage.steps["slow"] <= consumed + buffer + 1
-        await asyncio.sleep(0.1)  # reader stops entirely: the producer stays paused
-        assert stage.steps["slow"] <= consumed + buffer + 1
-        t0 = time.monotonic()
-        assert (await engine.stream("other", 0, 2).collect())[-1].final
-        assert time.monotonic() - t0 < 0.5
+            assert stage.steps["slow"] <= consumed + buffer + 1  # + the chunk waiting to be put
+        paused = await settled(lambda: stage.steps["slow"])  # reader stops: the producer pauses
+        assert paused <= consumed + buffer + 1
+        other = await asyncio.wait_for(engine.stream("other", 0, 2).collect(), 2.0)
+        assert [c.payload for c in other] == [("other", 0, 0), ("other", 0, 1)]
         await stream.aclose()
+        assert stage.aborted == ["endless"]
 
 
-async def test_drop_oldest_keeps_memory_bounded_and_counts_drops(make_engine, registry):
-    stage = CountingStreamStage()
-    async with make_engine(
-        stage, stream_buffer=4, backpressure="drop_oldest", coalesce_window_s=0.0
-    ) as engine:
+async def test_drop_oldest_keeps_memory_bounded_and_counts_drops(make_streaming, registry):
+    stage = FakeStreamStage()
+    async with make_streaming(stage, stream_buffer=4, backpressure="drop_oldest") as engine:
         await engine.open("a")
-        stream = engine.stream("a", 0, 50)
-        await wait_until(lambda: stage.steps.get("a") == 50)
-        await asyncio.sleep(0.02)
+        stream = engine.stream("a", 0, 50, request_id="r")
+        await wait_until(lambda: "r" in stage.ended)  # never blocked on the unread stream
         chunks = await stream.collect()
-    assert [c.seq for c in chunks] == [46, 47, 48, 49] and chunks[-1].final
+    assert [c.seq for c in chunks] == [46, 47, 48, 49]
     assert metric(registry, "engine_backpressure_dropped_total", stage="stream") == 46
+    assert metric(registry, "engine_channel_depth", stage="stream") == 0
 
 
-async def test_downstream_starts_on_the_first_chunk(registry):
-    first = CountingStreamStage("first", step_s=0.15)
-    second = CountingStreamStage("second")
-    pipeline = Pipeline(
-        [StageEngine(s, registry=registry, coalesce_window_s=0.0) for s in (first, second)], registry=registry
-    )
-    try:
-        await pipeline.open("a")
-        t0 = time.monotonic()
-        arrivals = []
-        async for _chunk in pipeline.stream("a", 0, 4):
-            arrivals.append(time.monotonic() - t0)
-        assert len(arrivals) == 4 and arrivals[0] < 0.35  # first output after ~1 upstream step of 4
-        assert second.first_step_at - t0 < 0.35
-    finally:
-        await pipeline.close()
-
-
-async def test_pipeline_backpressure_reaches_the_first_stage(registry):
-    first = CountingStreamStage("first")
-    pipeline = Pipeline(
-        [
-            StageEngine(s, registry=registry, stream_buffer=2, coalesce_window_s=0.0)
-            for s in (first, CountingStreamStage("second"))
-        ],
-        registry=registry,
-        channel_size=2,
-    )
-    try:
-        await pipeline.open("a")
-        stream = pipeline.stream("a", 0, None)
-        await stream.__anext__()
-        await asyncio.sleep(0.2)  # reader stalls; every hop fills, then the first stage pauses
-        assert first.steps["a"] <= 12
-        await stream.aclose()
-        await asyncio.sleep(0.05)
-        assert not pipeline._tasks  # relays ended with the stream
-    finally:
-        await pipeline.close()
-
-
-async def test_a_downstream_failure_reaches_the_consumer_and_stops_upstream(registry):
-    class Fails(CountingStreamStage):
-        def forward(self, items):
-            return [ValueError("decoder broke") for _ in items]
-
-    first = CountingStreamStage("first")
-    pipeline = Pipeline(
-        [
-            StageEngine(first, registry=registry, coalesce_window_s=0.0),
-            StageEngine(Fails("second"), registry=registry),
-        ],
-        registry=registry,
-    )
-    try:
-        await pipeline.open("a")
-        with pytest.raises(EngineError, match="decoder broke"):
-            await pipeline.stream("a", 0, None).collect()
-        steps = first.steps["a"]
-        await asyncio.sleep(0.1)
-        assert first.steps["a"] <= steps + 1  # the endless upstream was cancelled
-        await pipeline.release("a", "close")
-        assert pipeline.bytes_in_use == 0
-    finally:
-        await pipeline.close()
-
-
-async def test_an_abandoned_stream_releases_its_work(make_engine):
-    import gc
-
-    stage = CountingStreamStage()
-    async with make_engine(stage, stream_buffer=2, coalesce_window_s=0.0) as engine:
+async def test_an_abandoned_stream_aborts_its_request_and_frees_its_place(make_streaming):
+    stage = FakeStreamStage()
+    async with make_streaming(stage, stream_buffer=2, max_pending=1) as engine:
         await engine.open("a")
-        stream = engine.stream("a", 0, None)
+        stream = engine.stream("a", 0, None, request_id="dropped")
         await stream.__anext__()
         del stream
         gc.collect()
-        await asyncio.sleep(0.05)
-        steps = stage.steps["a"]
-        assert engine._pending_count == 0
-        assert await engine.submit("a", 0, 1) == ("a", 0, 0)  # the session is free again
-        assert stage.steps["a"] == steps + 1
+        await wait_until(lambda: "dropped" in stage.ended)
+        assert stage.aborted == ["dropped"]
+        # max_pending=1: the next request only fits because the abandoned one is gone
+        assert await engine.submit("a", 0, 1, request_id="next") == (("a", 0, 0),)
 
 
-async def test_close_ends_a_running_stream_with_a_typed_error(registry):
-    from sessions.engine import EngineClosedError
+async def test_closing_the_streaming_engine_ends_a_running_stream_typed(registry):
+    from sessions.engine import StreamingStageEngine
 
-    engine = StageEngine(CountingStreamStage(step_s=0.05), registry=registry, coalesce_window_s=0.0)
+    stage = FakeStreamStage(step_s=0.01)
+    engine = StreamingStageEngine(stage, registry=registry)
     await engine.open("a")
-    stream = engine.stream("a", 0, None)
+    stream = engine.stream("a", 0, None, request_id="r")
     await stream.__anext__()
     await engine.close()
-    with pytest.raises(EngineClosedError):
+    with pytest.raises(SessionReleasedError) as released:
         async for _ in stream:
             pass
+    assert released.value.reason == "shutdown" and stage.aborted == ["r"]
+    with pytest.raises(EngineClosedError):
+        engine.stream("a", 0, 1)
+
+
+async def test_closing_the_batched_engine_fails_a_queued_stream_typed(registry):
+    from sessions.engine import StageEngine
+
+    stage = RecordingStage(delay_s=0.2)
+    engine = StageEngine(stage, registry=registry, coalesce_window_s=0.0)
+    await engine.open("a")
+    engine.stream("a", 0, 1)
+    await wait_until(lambda: stage.items)  # in its forward now
+    queued = engine.stream("a", 0, 2)
+    await engine.close()  # waits for the forward in flight, then fails what is queued
+    assert len(stage.items) == 1 and not engine.worker.thread.is_alive()
+    with pytest.raises(EngineClosedError):
+        await queued.collect()
