@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from realtime.protocols.oai_realtime import errors
 from realtime.protocols.oai_realtime import server_events as se
 from realtime.protocols.oai_realtime.dialect import Dialect
 from realtime.protocols.oai_realtime.errors import Rejected, active_response, cancel_not_active
@@ -336,3 +337,29 @@ def test_the_sdk_check_refuses_wrong_names_extras_missing_fields_and_coercions(d
     frame = json.dumps({"event_id": "event_" + "x" * 21, **data})
     with pytest.raises((AssertionError, ValueError)):  # pydantic's ValidationError is a ValueError
         validate_server_frame(frame, dialect)
+
+
+@pytest.mark.parametrize("dialect", list(Dialect))
+def test_semantic_errors_for_the_voice_kind_render_valid_error_events(dialect):
+    built = [
+        errors.active_response("resp_1"),
+        errors.cancel_not_active(),
+        errors.commit_empty(40.0, 100),
+        errors.item_not_found("item_9"),
+        errors.item_id_in_use("item_9"),
+        errors.truncate_beyond_audio(9250, 57340),
+        errors.truncate_not_assistant_audio(),
+        errors.session_expired(30),
+        errors.invalid_api_key(),
+    ]
+    for rejected in built:
+        model = validate_server_frame(
+            se.render(se.ErrorEvent(rejected.with_event_id("evt_1")), dialect), dialect
+        )
+        assert model.error.code == rejected.code and model.error.event_id == "evt_1"
+    assert built[0].message.startswith("Conversation already has an active response in progress: resp_1.")
+    assert built[5].message == "Audio content of 9250ms is already shorter than 57340ms"
+    assert built[2].message == (
+        "Error committing input audio buffer: buffer too small. "
+        "Expected at least 100ms of audio, but buffer only has 40.00ms of audio."
+    )
