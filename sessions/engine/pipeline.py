@@ -24,8 +24,13 @@ Two ways in:
 - ``stream(...)`` sends the input down the whole lane and returns the last stage's chunks.
 
 A failure at any hop (stage error, stall, stale epoch, release) fails that request's ``tail`` or
-stream with the typed error; the lane goes on with the next chunk. ``release`` cancels the lane
-and releases the session on every stage (the one release path).
+stream with the typed error; the lane goes on with the next chunk. A failed request, or a stream
+its consumer closed early, is abandoned at every hop: stage work running for it is cancelled (a
+streaming stage gets ``abort``) and its queued chunks are skipped. Chunks are numbered per request
+and hop, so each stage's items carry ``seq`` 0, 1, ... in order. ``release`` cancels the lane
+and releases the session on every stage (the one release path); ``close`` fails what is still
+queued with :class:`EngineClosedError`. A full first hop refuses ``stream`` with
+:class:`QueueFullError` (transient).
 """
 
 from __future__ import annotations
@@ -40,8 +45,10 @@ from prometheus_client import CollectorRegistry
 
 from sessions.engine.channels import BackpressurePolicy, Channel, Chunk, check_capacity, check_policy
 from sessions.engine.errors import (
+    EngineClosedError,
     EngineConfigError,
     EngineError,
+    QueueFullError,
     SessionNotOpenError,
     SessionReleasedError,
     StaleEpochError,
@@ -69,9 +76,14 @@ class _Request:
     request_id: str
     future: asyncio.Future | None = None
     channel: Channel | None = None
-    out_seq: int = 0
+    next_seq: dict[int, int] = field(default_factory=dict)  # hop -> seq of its next output chunk
+    running: set[ChunkStream] = field(default_factory=set)  # hop streams working on it now
+    dead: bool = False  # failed or abandoned: no hop works on it any more
 
     def fail(self, error: BaseException) -> None:
+        self.dead = True
+        for stream in list(self.running):
+            stream.cancel()  # aborts the stage's work for this request (an endless upstream too)
         if self.future is not None and not self.future.done():
             self.future.set_exception(error)
             self.future.exception()  # a consumer that moved on must not log it as lost
@@ -212,7 +224,7 @@ class Pipeline:
         request = _Request(request_id, channel=out)
         first = lane.hops[0]
         if not first.has_room():
-            raise EngineError(f"pipeline {self.name!r}: lane of {session_id!r} is full")
+            raise QueueFullError(self.name, self.channel_size)
         first.put_nowait(Chunk(session_id, epoch, seq, (payload, request), last))
         return ChunkStream(
             out,
@@ -229,6 +241,8 @@ class Pipeline:
             for relay in lane.relays:
                 relay.cancel()
             await asyncio.gather(*lane.relays, return_exceptions=True)
+            for hop in lane.hops:
+                _fail_buffered(hop, EngineClosedError(f"pipeline {self.name!r} is shutting down"))
         for runner in self.runners:
             await runner.close()
 
@@ -269,6 +283,8 @@ class Pipeline:
             if chunk is None:
                 return
             value, request = chunk.payload
+            if request.dead:  # its consumer left or it failed at another hop: skip its work
+                continue
             try:
                 if value is not _END:
                     if chunk.epoch < lane.epoch:
@@ -281,8 +297,12 @@ class Pipeline:
                         seq=chunk.seq,
                         last=chunk.final,
                     )
-                    async for produced in outputs:
-                        await self._forward(lane, k, request, chunk, produced.payload)
+                    request.running.add(outputs)
+                    try:
+                        async for produced in outputs:
+                            await self._forward(lane, k, request, chunk, produced.payload)
+                    finally:
+                        request.running.discard(outputs)
                 if chunk.final or value is _END:
                     await self._forward(lane, k, request, chunk, _END)
             except asyncio.CancelledError:
@@ -297,10 +317,11 @@ class Pipeline:
 
     async def _forward(self, lane: _Lane, k: int, request: _Request, chunk: Chunk, payload: Any) -> None:
         """Hand ``payload`` (or the end marker) to hop k + 1, or to the request after the last stage."""
+        seq = request.next_seq.get(k, 0)
+        if payload is not _END:
+            request.next_seq[k] = seq + 1
         if k + 1 < len(self.runners):
-            await lane.hops[k + 1].put(
-                Chunk(chunk.session_id, chunk.epoch, chunk.seq, (payload, request), False)
-            )
+            await lane.hops[k + 1].put(Chunk(chunk.session_id, chunk.epoch, seq, (payload, request), False))
         elif payload is _END:
             if request.future is not None and not request.future.done():
                 request.fail(EngineError(f"pipeline {self.name!r} produced no output"))
@@ -311,8 +332,7 @@ class Pipeline:
                 request.future.set_result(payload)
         else:
             assert request.channel is not None
-            await request.channel.put(Chunk(chunk.session_id, chunk.epoch, request.out_seq, payload, False))
-            request.out_seq += 1
+            await request.channel.put(Chunk(chunk.session_id, chunk.epoch, seq, payload, False))
 
 
 _END = object()  # end-of-request marker that follows a request's last chunk down the lane
