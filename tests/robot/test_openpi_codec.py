@@ -315,3 +315,13 @@ def test_prompts_are_bounded_and_valid_text(prompt):
     assert isinstance(reply, Rejected) and reply.code == ErrorCode.INVALID_OBSERVATION
     assert "prompt" in reply.message
     assert isinstance(_infer(conn, {"prompt": "p" * 8}), Infer)
+
+
+def test_rank_and_session_id_are_bounded():
+    conn = _open()
+    deep = {b"__ndarray__": True, b"data": b"\0", b"dtype": "|u1", b"shape": [1] * 33}
+    reply = _infer(conn, {"observation/state": deep})
+    assert isinstance(reply, Rejected) and reply.code == ErrorCode.INVALID_ARRAY
+    reply = _infer(conn, {"session_id": "s" * (openpi.MAX_SESSION_ID_CHARS + 1)})
+    assert isinstance(reply, Rejected) and reply.code == ErrorCode.INVALID_PAYLOAD
+    assert isinstance(_infer(conn, {"session_id": "s" * openpi.MAX_SESSION_ID_CHARS}), Infer)

@@ -227,3 +227,14 @@ def test_every_accepted_value_renders():
         ]
         == big
     )
+
+
+def test_control_bounds_and_quoted_values_are_bounded():
+    conn = _conn()
+    keys = {"track": "keys", "schema": "world.keys.v1", "data": {"pressed": ["w"] * 17}}
+    mouse = {"track": "mouse", "schema": "world.mouse.v1", "data": {"dx": 1e6 + 1, "dy": 0}}
+    for control in (keys, mouse):
+        cmd = conn.receive_text(json.dumps({"type": "session.event", "event_id": 1, "controls": [control]}))
+        assert isinstance(cmd, proto.Rejected) and cmd.code == "invalid_message"
+    cmd = _conn(False).receive_text(json.dumps({"type": "session.start", "format": "x" * 300}))
+    assert cmd.code == "invalid_message" and len(cmd.message) < 120
