@@ -66,9 +66,12 @@ def test_oversized_frames_close_1009_from_the_frame_header(served):
 
 
 def _stream_oversized(url: str, stop: threading.Event, refused: list[int]) -> None:
-    """Open world sockets and stream 64 MiB frames at them, one after another, until stopped."""
+    """Open world sockets and stream 64 MiB frames at them, one after another, until stopped.
+
+    At most ~50 sockets a second: the subject is frame size, not handshake churn.
+    """
     chunk = b"x" * (1 << 20)
-    while not stop.is_set():
+    while not stop.wait(0.02):
         client = RawClient(_ws(url) + WORLD)
         client.send_frame_header(Opcode.TEXT, 64 * 1024 * 1024)
         try:
