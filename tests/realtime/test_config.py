@@ -65,6 +65,8 @@ def test_list_fields_become_tuples():
     assert config.server.api_keys == ("a", "b")
     with pytest.raises(ConfigError, match=r"server\.api_keys\[1\]"):
         config_from_mapping({"server": {"api_keys": ["a", 2]}})
+    origins = config_from_mapping({"server": {"allowed_origins": ["https://app.example"]}}).server
+    assert origins.allowed_origins == ("https://app.example",)
 
 
 @pytest.mark.parametrize(
@@ -75,6 +77,8 @@ def test_list_fields_become_tuples():
         ("robot", "coalesce_window_s", float("nan"), "must be a finite number >= 0"),
         ("world", "jpeg_quality", 101, "must be in [1, 100]"),
         ("world", "fps", 500, "must be in min_fps..max_fps"),
+        ("server", "max_connections", 0, "must be a finite number > 0"),
+        ("robot", "max_prompt_chars", 0, "must be a finite number > 0"),
     ],
 )
 def test_range_limits_name_the_field(section, key, value, reason):
