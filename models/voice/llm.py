@@ -187,7 +187,8 @@ class TransformersChat:
         """Stream the assistant's reply to ``messages`` as text pieces (a sync generator).
 
         Validation (unknown conversation, context bound) happens here, before iteration; the
-        cache is touched only while iterating. ``should_stop`` is checked before every forward and
+        cache is touched only while iterating, and the first ``next`` raises
+        :class:`ConversationBusy` if another generation of this conversation is running. ``should_stop`` is checked before every forward and
         before every piece: once it returns True no further piece is yielded. Closing the
         generator early is safe; the cache keeps what was computed.
         """
