@@ -15,7 +15,6 @@ directory (``ct2-transformers-converter`` output, e.g. large-v3) can be passed a
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from collections.abc import Sequence
@@ -164,6 +163,8 @@ class WhisperAsr:
         An utterance longer than ``SHORT_WINDOW_SECONDS`` is cut into windows at its quietest
         moments (see :func:`split_long`); its windows join the batch and their texts are joined.
         """
+        if not audios:
+            return []
         started = time.perf_counter()
         audios = [np.asarray(a, np.float32).reshape(-1) for a in audios]
         windows = [split_long(a) for a in audios]
@@ -182,8 +183,8 @@ class WhisperAsr:
 
     def _short_window(self, audios: list[np.ndarray]) -> list[tuple[str, str, float, float]]:
         longest = max(len(a) for a in audios) + int(self.pad_seconds * SAMPLE_RATE)
-        frames = 2 * math.ceil(longest / self._features.hop_length / 2)  # the encoder's conv has stride 2
-        batch = np.stack([self._mel(a, longest)[:, :frames] for a in audios])
+        mels = np.stack([self._mel(a, longest) for a in audios])
+        batch = np.ascontiguousarray(mels[..., : mels.shape[-1] // 2 * 2])  # the first conv has stride 2
         encoded = self._ct2.encode(ctranslate2.StorageView.from_array(batch), to_cpu=False)
         languages = self._languages(encoded, len(audios))
         prompts = [

@@ -68,3 +68,9 @@ def test_long_audio_is_cut_at_pauses_and_transcribed_whole(asr):
     assert np.abs(audio[cut - 800 : cut + 800]).max() < 0.05, "the cut should fall in a pause"
     words = _words(asr.transcribe(audio).text)
     assert {"lighthouse", "keeper", "sailors", "village", "bread"} <= words, words
+
+
+@pytest.mark.parametrize("samples", [0, 1, 8_001, 16_161])
+def test_any_length_is_accepted_and_an_empty_batch_is_empty(asr, samples):
+    assert asr.transcribe(np.zeros(samples, np.float32)).text == ""
+    assert asr.transcribe_batch([]) == []
