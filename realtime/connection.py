@@ -118,9 +118,16 @@ class Outbound:
     """The connection's bounded outbound queue and its single writer (see the module docstring)."""
 
     def __init__(
-        self, websocket: WebSocket, *, max_items: int, max_bytes: int, current_epoch: Callable[[], int]
+        self,
+        websocket: WebSocket,
+        *,
+        max_items: int,
+        max_bytes: int,
+        current_epoch: Callable[[], int],
+        direct: bool = False,
     ) -> None:
         self.ws = websocket
+        self.direct = direct
         self.max_items = max_items
         self.max_bytes = max_bytes
         self._current_epoch = current_epoch
@@ -139,10 +146,10 @@ class Outbound:
     async def send(self, *frames: Frame, epoch: int | None = None) -> None:
         """Queue frames (waits while ``max_items`` are queued); raises :class:`SlowConsumerError`.
 
-        When nothing is queued or being written the caller writes them itself (the request/response
-        fast path: no hand-off to the writer task).
+        With ``direct`` (request/response kinds, whose caller may wait on the client) and nothing
+        queued or being written, the caller writes them itself: no hand-off to the writer task.
         """
-        if not self._items and not self._writing:
+        if self.direct and not self._items and not self._writing:
             self._writing = True
             self._empty.clear()
             try:
@@ -193,6 +200,7 @@ class Outbound:
         frames = item.frames
         if item.epoch is not None and item.epoch != self._current_epoch():
             frames = ()
+            _discard(item.deferred)
         elif item.deferred is not None:
             frames = await item.deferred
             if item.epoch is not None and item.epoch != self._current_epoch():
@@ -222,6 +230,14 @@ class Outbound:
             self._empty.set()
 
 
+def _discard(deferred: Awaitable[Any] | None) -> None:
+    """Drop a deferred item unsent: a coroutine is closed, a future's outcome marked retrieved."""
+    if asyncio.iscoroutine(deferred):
+        deferred.close()
+    elif isinstance(deferred, asyncio.Future):
+        deferred.cancel()
+
+
 class Connection:
     """One accepted websocket running one kind's handler (see the module docstring)."""
 
@@ -246,10 +262,17 @@ class Connection:
         #: The kind's outbound epoch: bump it (reset, close) and queued items of older ones drop.
         self.epoch = 0
         self.outbound = Outbound(
-            websocket, max_items=max_outbound_items, max_bytes=max_outbound_bytes, current_epoch=lambda: self.epoch
+            websocket,
+            max_items=max_outbound_items,
+            max_bytes=max_outbound_bytes,
+            current_epoch=lambda: self.epoch,
         )
         self.start_timeout_s = start_timeout_s
-        self._close_fields = {"max_bytes": max_outbound_bytes, "start_timeout_s": start_timeout_s, **(close_fields or {})}
+        self._close_fields = {
+            "max_bytes": max_outbound_bytes,
+            "start_timeout_s": start_timeout_s,
+            **(close_fields or {}),
+        }
         self._close: Close | None = None
         self._ended = asyncio.Event()
         self._children: set[asyncio.Task] = set()
@@ -384,6 +407,7 @@ class Connection:
         await asyncio.sleep(self.start_timeout_s)
         if self.session is None:
             self.end("start_timeout")
+        await self._ended.wait()  # finishing early would end the connection
 
     def _internal_error(self, exc: BaseException) -> None:
         session_id = self.session.session_id if self.session is not None else None

@@ -109,7 +109,6 @@ class KVPool:
         # absolute frame index held by each resident frame slot, -1 = empty (host-side bookkeeping)
         self.frame_pos = torch.full((slots, g.resident_frames), -1, dtype=torch.long)
         self._slot_of: dict[str, int] = {}
-        self._free = list(range(slots - 1, -1, -1))
 
     @property
     def resident_bytes(self) -> int:
@@ -122,21 +121,25 @@ class KVPool:
         return session_id in self._slot_of
 
     def open(self, session_id: str, slot: int | None = None) -> int:
-        """The session's slot, emptied on first open. ``slot`` is the index an external owner
-        (the stage engine) allocated; it must be free here. ``None``: the pool picks one."""
+        """The session's slot, emptied on first open.
+
+        ``slot`` is the index the owner of slot indices (the runtime's slot table) allocated; the
+        pool keeps no free list of its own, so a slot still held by another session is an error.
+        ``None`` (standalone use: tests, training) takes the lowest index nobody holds.
+        """
+        held = self._slot_of.get(session_id)
+        if held is not None and slot in (None, held):
+            return held
+        taken = set(self._slot_of.values())
         if slot is None:
-            if session_id in self._slot_of:
-                return self._slot_of[session_id]
-            if not self._free:
+            slot = next((i for i in range(self.slots) if i not in taken), None)
+            if slot is None:
                 raise KVPoolFull(f"all {self.slots} KV slots are in use")
-            slot = self._free.pop()
-        else:
-            if self._slot_of.get(session_id) == slot:
-                return slot
-            if slot not in self._free:
-                raise KVPoolFull(f"KV slot {slot} is held by {self.holder(slot)!r}")
-            self.release(session_id)
-            self._free.remove(slot)
+        elif slot in taken:
+            raise KVPoolFull(f"KV slot {slot} is held by {self.holder(slot)!r}")
+        elif not 0 <= slot < self.slots:
+            raise KVPoolFull(f"KV slot {slot} is outside the pool (0..{self.slots - 1})")
+        self.release(session_id)
         self._slot_of[session_id] = slot
         self.frame_pos[slot] = -1
         return slot
@@ -149,7 +152,6 @@ class KVPool:
         slot = self._slot_of.pop(session_id, None)
         if slot is not None:
             self.frame_pos[slot] = -1
-            self._free.append(slot)
 
     def clear(self, session_id: str) -> None:
         self.frame_pos[self._slot_of[session_id]] = -1

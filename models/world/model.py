@@ -107,15 +107,7 @@ class WorldModel:
         return self.pool.geometry.bytes_per_session + self.decoder_state_bytes
 
     def open(self, session_id: str, seed: int, slot: int | None = None) -> None:
-        """Give the session a pool slot (``slot``: the stage engine's index) and fresh state.
-
-        The engine is the owner of slot indices: a session still holding ``slot`` here is stale
-        (the engine dropped it, e.g. after a cancelled open whose ``open_state`` still ran on the
-        worker, so no release ever came) and is released first.
-        """
-        stale = None if slot is None else self.pool.holder(slot)
-        if stale is not None and stale != session_id:
-            self.release(stale)
+        """Give the session a pool slot (``slot``: the runtime slot table's index) and fresh state."""
         self.pool.open(session_id, slot)
         self.sessions[session_id] = _Session(seed=seed, decoder=self.decoder.init_state())
 
@@ -132,6 +124,9 @@ class WorldModel:
 
     def next_block(self, session_id: str) -> int:
         return self.sessions[session_id].next_block
+
+    def init_decoder_state(self) -> DecoderState:
+        return self.decoder.init_state()
 
     def generate(self, ticks: Sequence[WorldTick]) -> Tensor:
         """One latent block per tick in one batched forward; returns x0 ``[B, fpb, C, h, w]``."""
@@ -193,23 +188,33 @@ class WorldModel:
         return x0, commit
 
     @torch.no_grad()
-    def _decode(self, session_ids: Sequence[str], latents: Tensor) -> tuple[list[Tensor], Callable[[], None]]:
-        """Each session's frames and the commit that advances its decoder cache."""
-        out: list[Tensor | None] = [None] * len(session_ids)
-        new_states: dict[str, DecoderState] = {}
-        states = [self.sessions[s].decoder for s in session_ids]
+    def decode_blocks(
+        self, latents: Tensor, states: Sequence[DecoderState]
+    ) -> tuple[list[Tensor], list[DecoderState]]:
+        """Pure: frames ``uint8 [T, H, W, 3]`` (CPU) of each block and each decoder state after it.
+
+        Sessions batch by phase (a first block decodes to fewer frames). Nothing is stored: the
+        caller owns the decoder states (``step`` keeps them per session; the decoder stage per slot).
+        """
+        out: list[Tensor | None] = [None] * len(states)
+        after: list[DecoderState | None] = [None] * len(states)
         for first in (True, False):
             group = [i for i, st in enumerate(states) if st.first == first]
             if not group:
                 continue
             frames, state = self.decoder(latents[group], stack_states([states[i] for i in group]))
-            for i, st in zip(group, split_state(state, len(group)), strict=True):
-                out[i] = (frames[group.index(i)] * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
-                new_states[session_ids[i]] = st
+            for j, (i, st) in enumerate(zip(group, split_state(state, len(group)), strict=True)):
+                out[i] = (frames[j] * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
+                after[i] = st
+        return out, after  # type: ignore[return-value]
+
+    def _decode(self, session_ids: Sequence[str], latents: Tensor) -> tuple[list[Tensor], Callable[[], None]]:
+        """Each session's frames and the commit that advances its decoder cache."""
+        frames, after = self.decode_blocks(latents, [self.sessions[s].decoder for s in session_ids])
 
         def commit() -> None:
-            for sid, st in new_states.items():
+            for sid, st in zip(session_ids, after, strict=True):
                 self.sessions[sid].decoder = st
                 self.sessions[sid].decoded_blocks += 1
 
-        return out, commit  # type: ignore[return-value]
+        return frames, commit

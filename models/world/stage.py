@@ -1,13 +1,20 @@
-"""``WorldStage``: the world model as a stateful stage of the stage engine (``models/stage.py``).
+"""The world model as two stateful batched stages of a pipeline (``models/stage.py``).
 
-One engine batch = one ``WorldModel.step`` over the batch's sessions: all their blocks denoise in
-one forward, commit their KV, and decode to frames. Item payload: :class:`WorldStageInput`;
-result: :class:`WorldStageOutput`. A payload for block 0 starts the session's world afresh
-(``reset`` with the tick's seed), so a session reset at the runtime level needs no extra call.
-Per-session resident state lives in the model's pooled KV cache and decoder caches, keyed by
-session id, in the pool slot the engine allocated (``open_state``'s ``slot``), so the engine's
-slot accounting is the only one; ``open_state`` / ``release_state`` run on the engine's worker
-thread.
+``WorldBlockStage`` (the DiT) -> ``WorldDecodeStage`` (the causal VAE decoder); the world kind adds
+a media encoder after them. Splitting at the latent lets the runtime's pipeline decode (and
+encode) block k on their own worker threads while block k + 1 denoises.
+
+- :class:`WorldBlockStage`: one batch = one ``WorldModel.generate`` over the batch's sessions: all
+  their blocks denoise in one forward and commit their rolling KV (transactional: nothing changes
+  if it raises). Payload :class:`WorldBlockInput`, output :class:`WorldBlock` (the clean latent).
+  A payload for block 0 starts the session's world afresh with the tick's seed. Per-session state
+  (rolling self-attention KV + prompt cross-attention KV) lives in the model's pool at the slot
+  the runtime's slot table allocated.
+- :class:`WorldDecodeStage`: one batch = one ``WorldModel.decode_blocks``; the decoder's temporal
+  cache is this stage's per-slot state, advanced only after a successful forward. Output
+  :class:`WorldFrames` (``uint8 [T, H, W, 3]`` on the CPU).
+
+Both carry the input's ``extra`` (opaque to the model: the kind's media settings) through.
 """
 
 from __future__ import annotations
@@ -15,36 +22,72 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
 from models.stage import StageItem
+from models.world.controls import KEYS_TRACK, MOUSE_TRACK, action_vector
 from models.world.model import WorldModel, WorldTick
+from models.world.vae import DecoderState, decoder_state_bytes
 
 
 @dataclass(frozen=True)
-class WorldStageInput:
+class WorldBlockInput:
     tick: WorldTick
     seed: int
+    extra: Any = None
 
 
 @dataclass(frozen=True)
-class WorldStageOutput:
-    frames: Tensor  # uint8 [T, H, W, 3]
+class WorldBlock:
+    latent: Tensor  # [frames_per_block, C, h, w]
     block: int
     forward_ms: float
     batch_size: int
+    extra: Any = None
 
 
-class WorldStage:
-    def __init__(self, model: WorldModel, name: str = "world", device: str = "cpu") -> None:
+@dataclass(frozen=True)
+class WorldFrames:
+    frames: Tensor  # uint8 [T, H, W, 3], CPU
+    block: int
+    forward_ms: float  # the DiT forward of this block
+    decode_ms: float
+    batch_size: int
+    extra: Any = None
+
+
+def world_input(snapshot: Any) -> WorldBlockInput:
+    """Tick snapshot -> block input (the world's control adapter).
+
+    ``keys`` is sticky (the newest ``keys`` control so far, the default reducer's rule); ``mouse``
+    deltas are summed over the events applied in this block only. ``snapshot.payload`` carries the
+    session's ``seed``, start ``prompt`` and the kind's ``extra``.
+    """
+    payload = snapshot.payload
+    keys = snapshot.control(KEYS_TRACK)
+    dx = dy = 0.0
+    for event in snapshot.events:
+        for control in event.controls:
+            if control.track == MOUSE_TRACK:
+                dx += float(control.data.get("dx", 0))
+                dy += float(control.data.get("dy", 0))
+    action = action_vector(keys.data["pressed"] if keys is not None else (), dx, dy)
+    prompt = snapshot.prompt if snapshot.prompt is not None else payload.prompt
+    tick = WorldTick(snapshot.session_id, snapshot.chunk_index, prompt, action)
+    return WorldBlockInput(tick, payload.seed, payload.extra)
+
+
+class WorldBlockStage:
+    def __init__(self, model: WorldModel, name: str = "world-dit", device: str = "cpu") -> None:
         self.model = model
         self.name = name
         self.device = device
         self.slot_capacity = model.pool.slots
 
     def state_bytes(self) -> int:
-        return self.model.bytes_per_session
+        return self.model.pool.geometry.bytes_per_session
 
     def open_state(self, session_id: str, slot: int) -> str:
         self.model.open(session_id, seed=0, slot=slot)
@@ -53,14 +96,51 @@ class WorldStage:
     def release_state(self, session_id: str, slot: int, state: object) -> None:
         self.model.release(session_id)
 
-    def forward(self, items: Sequence[StageItem]) -> list[WorldStageOutput]:
+    def forward(self, items: Sequence[StageItem]) -> list[WorldBlock]:
         t0 = time.perf_counter()
-        inputs: list[WorldStageInput] = [item.payload for item in items]
+        inputs: list[WorldBlockInput] = [item.payload for item in items]
         for inp in inputs:
             if inp.tick.block == 0:
                 self.model.reset(inp.tick.session_id, seed=inp.seed)
-        frames = self.model.step([inp.tick for inp in inputs])
+        latents = self.model.generate([inp.tick for inp in inputs])
         ms = (time.perf_counter() - t0) * 1000.0
         return [
-            WorldStageOutput(f, inp.tick.block, ms, len(items)) for f, inp in zip(frames, inputs, strict=True)
+            WorldBlock(latents[i], inp.tick.block, ms, len(items), inp.extra) for i, inp in enumerate(inputs)
+        ]
+
+
+class WorldDecodeStage:
+    def __init__(self, model: WorldModel, name: str = "world-decode", device: str = "cpu") -> None:
+        self.model = model
+        self.name = name
+        self.device = device
+        self.slot_capacity = model.pool.slots
+        self._states: list[DecoderState | None] = [None] * self.slot_capacity
+
+    def state_bytes(self) -> int:
+        return decoder_state_bytes(self.model.cfg, self.model.pool.k.dtype)
+
+    def open_state(self, session_id: str, slot: int) -> None:
+        self._states[slot] = self.model.init_decoder_state()
+
+    def release_state(self, session_id: str, slot: int, state: object) -> None:
+        self._states[slot] = None
+
+    def forward(self, items: Sequence[StageItem]) -> list[WorldFrames]:
+        t0 = time.perf_counter()
+        blocks: list[WorldBlock] = [item.payload for item in items]
+        for item, block in zip(items, blocks, strict=True):
+            if block.block == 0:  # a fresh world: a fresh temporal cache
+                self._states[item.slot] = self.model.init_decoder_state()
+        states = [self._states[item.slot] for item in items]
+        latents = blocks[0].latent.new_empty((len(blocks), *blocks[0].latent.shape))
+        for i, block in enumerate(blocks):
+            latents[i] = block.latent
+        frames, after = self.model.decode_blocks(latents, states)
+        for item, state in zip(items, after, strict=True):  # commit: the forward succeeded
+            self._states[item.slot] = state
+        ms = (time.perf_counter() - t0) * 1000.0
+        return [
+            WorldFrames(f, b.block, b.forward_ms, ms, b.batch_size, b.extra)
+            for f, b in zip(frames, blocks, strict=True)
         ]

@@ -2,20 +2,21 @@
 
 Route ``/v1/realtime/world?protocol_version=1``; ``GET /demo/world`` serves the minimal browser
 page ``clients/web/world.html`` (package data). Each connection is one session of the session
-runtime; every tick generates one latent block through the world ``StageEngine`` (ticks of all
-sessions batch into one forward on the engine's worker thread), decodes it to frames, and the
-frames are encoded (JPEG batch, or fMP4 continuing the session's H.264 stream) on a worker thread
-while the next block denoises.
+runtime on the shared connection skeleton (``realtime.connection``). Every tick generates one
+latent block through the world **pipeline** — DiT block (commits the session's rolling KV) ->
+causal VAE decode -> media encode (JPEG batch, or fMP4 continuing the session's H.264 stream) —
+each stage an engine batching across sessions on its own worker thread, so decode and encode of
+block k overlap the denoising of block k + 1. The tick commits when the DiT stage returns; the
+media follows through the pipeline and the writer sends it in order.
 
-Per connection: a reader task (frames -> codec commands; events are accepted or rejected at once),
-a runner task (the generation loop: pacing, ``session.next_tick``, encode hand-off) and a writer
-task (ordered outbound queue; drops chunks of a superseded generation after a reset).
+The handler is the session's single owner: commands (start, events, reset, close, ping), tick
+outcomes and pacing wake-ups all arrive through the runner's mailbox, one at a time.
 
 Pacing: ``realtime`` generates at most ``world.max_ahead_blocks`` blocks ahead of the media clock
 (frames sent / fps since the first chunk) and then waits; ``fast`` generates as fast as possible,
-bounded by the outbound queue (``max_ahead_blocks`` chunks). Controls apply at the next block
-boundary: the reducer keeps the latest ``keys`` control (sticky) and sums ``mouse`` deltas of the
-events applied in one block. Prompt changes reset the session's cross-attention KV
+bounded by ``max_ahead_blocks`` chunks generated but not yet sent. Controls apply at the next
+block boundary: ``keys`` is sticky, ``mouse`` deltas of the events applied in one block are summed
+(``models.world.stage.world_input``). Prompt changes reset the session's cross-attention KV
 (``models.world.model``); a tick failure moves the session to FAILED until ``session.reset``.
 """
 
@@ -25,7 +26,6 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -36,108 +36,41 @@ from prometheus_client import Counter
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
-from models.world.controls import CONTROL_SCHEMAS, KEYS_TRACK, MOUSE_SCHEMA, MOUSE_TRACK, action_vector
+from models.world.controls import CONTROL_SCHEMAS
 from models.world.kv_cache import KVGeometry
 from models.world.model import WorldModel, WorldTick
-from models.world.stage import WorldStage, WorldStageInput, WorldStageOutput
+from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
 from models.world.vae import decoder_state_bytes
+from realtime.connection import Close, Connection, run_connection
 from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
-from realtime.kinds.runtime import build_session_manager, capacity_plan
-from realtime.media.video import Fmp4Encoder, encode_jpeg_batch
+from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
+from realtime.media.stage import EncodedMedia, MediaEncodeStage, MediaSettings
 from realtime.protocols import world as proto
-from realtime.ws import CloseCode, close_quietly, serve_websocket
-from sessions.capacity import MemoryDeclaration
-from sessions.engine import StageEngine
+from realtime.ws import serve_websocket
+from sessions.capacity import CapacityPlan, MemoryDeclaration
+from sessions.engine import Pipeline, PipelineResult, StageEngine
 from sessions.errors import SessionError, TickSupersededError
-from sessions.events import ControlInput, SessionEvent
-from sessions.log_context import session_context
+from sessions.executor import StageExecutor
 from sessions.manager import SessionManager
-from sessions.reducer import PreparedControls
-from sessions.session import Session
-from sessions.tick import TickOutput, TickSnapshot
+from sessions.tick import TickOutput
 
 log = logging.getLogger("realtime.world")
 
 PATH = "/v1/realtime/world"
 PAGE_PATH = "/demo/world"
-OUTBOUND_MESSAGES = 64  # queued text messages + chunks per connection (then the reader waits)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class WorldControlReducer:
-    """Latest ``keys`` control wins (sticky); ``mouse`` deltas of one block's events are summed."""
-
-    def prepare(
-        self,
-        *,
-        current_controls: Mapping[str, ControlInput],
-        events: tuple[SessionEvent, ...],
-        chunk_index: int,
-    ) -> PreparedControls:
-        keys = current_controls.get(KEYS_TRACK)
-        dx = dy = 0.0
-        for event in events:
-            for control in event.controls:
-                if control.track == KEYS_TRACK:
-                    keys = control
-                elif control.track == MOUSE_TRACK:
-                    dx += float(control.data.get("dx", 0))
-                    dy += float(control.data.get("dy", 0))
-        mouse = ControlInput(MOUSE_TRACK, MOUSE_SCHEMA, {"dx": dx, "dy": dy})
-        return PreparedControls((keys, mouse) if keys is not None else (mouse,))
-
-    def commit(self, prepared: PreparedControls) -> None:
-        return None
-
-    def reset(self) -> None:
-        return None
 
 
 @dataclass(frozen=True)
 class WorldTickPayload:
-    """What a world tick carries besides the snapshot: the session seed and start prompt."""
+    """What a world tick carries besides the snapshot: the session seed, start prompt, media."""
 
     seed: int
     prompt: str | None
-
-
-@dataclass(frozen=True)
-class WorldChunk:
-    output: WorldStageOutput
-    client_ts_ms: float | None
-    queued_ms: float
-
-
-class WorldExecutor:
-    """One tick = one item of the world engine's next batch."""
-
-    def __init__(self, engine: StageEngine) -> None:
-        self.engine = engine
-
-    async def execute(self, snapshot: TickSnapshot) -> TickOutput[WorldChunk]:
-        payload: WorldTickPayload = snapshot.payload
-        keys = snapshot.control(KEYS_TRACK)
-        mouse = snapshot.control(MOUSE_TRACK)
-        action = action_vector(
-            keys.data["pressed"] if keys is not None else (),
-            mouse.data["dx"] if mouse is not None else 0.0,
-            mouse.data["dy"] if mouse is not None else 0.0,
-        )
-        prompt = snapshot.prompt if snapshot.prompt is not None else payload.prompt
-        tick = WorldTick(snapshot.session_id, snapshot.chunk_index, prompt, action)
-        t0 = time.perf_counter()
-        await self.engine.open(snapshot.session_id)  # idempotent; a reset released the slot
-        out: WorldStageOutput = await self.engine.submit(
-            snapshot.session_id, snapshot.epoch, WorldStageInput(tick, payload.seed)
-        )
-        stamps = [e.client_ts_ms for e in snapshot.events if e.client_ts_ms is not None]
-        queued = (time.perf_counter() - t0) * 1000.0 - out.forward_ms
-        return TickOutput(
-            snapshot.metadata, WorldChunk(out, stamps[-1] if stamps else None, max(0.0, queued))
-        )
+    extra: MediaSettings
 
 
 @functools.cache
@@ -164,12 +97,17 @@ class WorldService:
         self.ctx = ctx
         self.config = ctx.config.world
         self.model: WorldModel | None = None
-        self.declaration: MemoryDeclaration | None = None
-        self.engine: StageEngine | None = None
+        self.plan: CapacityPlan | None = None
+        self.pipeline: Pipeline | None = None
         self.manager: SessionManager | None = None
         self.errors = Counter(
             "realtime_world_errors", "world protocol errors by code", ["code"], registry=ctx.registry
         )
+
+    @property
+    def engine(self) -> StageEngine | None:
+        """The DiT block engine (the pipeline's first stage, which holds the resident KV)."""
+        return self.pipeline.runners[0] if self.pipeline is not None else None  # type: ignore[return-value]
 
     def routes(self) -> list[BaseRoute]:
         return [WebSocketRoute(PATH, self._endpoint), Route(PAGE_PATH, self._page, methods=["GET"])]
@@ -205,28 +143,18 @@ class WorldService:
         }
 
     def load(self, progress: ProgressFn) -> None:
+        """Plan capacity once (memory measured before the pools exist), then build the pools."""
         wc = self.config
         if wc.torch_threads:
             torch.set_num_threads(wc.torch_threads)
         progress("plan capacity", 0, 3)
         cfg, weights = resolve_model(wc.model, wc.weights)
-        dtype = _DTYPES[wc.dtype]
-        geometry = KVGeometry.of(cfg, dtype)
-        decoder_bytes = decoder_state_bytes(cfg, dtype)
-        probe = MemoryDeclaration(
-            resident_bytes_per_session=geometry.bytes_per_session,
-            model_owned_bytes_per_session=decoder_bytes,
-            scratch_bytes=geometry.scratch_bytes(wc.max_batch),
-            max_sessions=256,
+        self.plan = capacity_plan(
+            self.ctx.config.runtime, world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch), wc.device
         )
-        slots = capacity_plan(self.ctx.config.runtime, probe, wc.device).capacity
         progress("load model", 1, 3)
-        self.model = WorldModel.build(cfg, slots=slots, weights=weights, device=wc.device, dtype=dtype)
-        self.declaration = MemoryDeclaration(
-            resident_bytes_per_session=geometry.bytes_per_session,
-            model_owned_bytes_per_session=decoder_bytes,
-            scratch_bytes=geometry.scratch_bytes(wc.max_batch),
-            max_sessions=slots,
+        self.model = WorldModel.build(
+            cfg, slots=self.plan.capacity, weights=weights, device=wc.device, dtype=_DTYPES[wc.dtype]
         )
         progress("warm up", 2, 3)
         self.model.open("warmup", seed=0)
@@ -237,24 +165,35 @@ class WorldService:
         progress("ready", 3, 3)
 
     async def start(self) -> None:
-        wc = self.config
-        assert self.model is not None and self.declaration is not None, "load() runs before start()"
-        self.engine = StageEngine(
-            WorldStage(self.model, device=wc.device),
-            registry=self.ctx.registry,
-            max_batch=wc.max_batch,
-            coalesce_window_s=wc.coalesce_window_s,
+        wc, model, plan = self.config, self.model, self.plan
+        assert model is not None and plan is not None, "load() runs before start()"
+        stages = (
+            WorldBlockStage(model, device=wc.device),
+            WorldDecodeStage(model, device=wc.device),
+            MediaEncodeStage(model.pool.slots),
+        )
+        declared = stage_declaration(*stages).per_session_bytes
+        assert declared == plan.per_session_bytes, (
+            f"stages hold {declared} bytes per session, planned {plan.per_session_bytes}"
+        )
+        registry = self.ctx.registry
+        self.pipeline = Pipeline(
+            [
+                StageEngine(
+                    s, registry=registry, max_batch=wc.max_batch, coalesce_window_s=wc.coalesce_window_s
+                )
+                for s in stages
+            ],
+            registry=registry,
+            channel_size=wc.max_ahead_blocks + 1,
         )
         self.manager = build_session_manager(
             self.name,
-            runtime=self.ctx.config.runtime,
+            ctx=self.ctx,
             kind_config=wc,
-            executor=WorldExecutor(self.engine),
-            declaration=self.declaration,
-            lifecycle=self.engine,
-            registry=self.ctx.registry,
-            device=wc.device,
-            reducer_factory=WorldControlReducer,
+            plan=plan,
+            executor=StageExecutor(self.pipeline, world_input),
+            lifecycle=self.pipeline,
         )
         await self.manager.start()
         log.info("world sessions ready", extra={"capacity": self.manager.capacity, "max_batch": wc.max_batch})
@@ -262,26 +201,55 @@ class WorldService:
     async def stop(self) -> None:
         if self.manager is not None:
             await self.manager.shutdown()
-        if self.engine is not None:
-            await self.engine.close()
+        if self.pipeline is not None:
+            await self.pipeline.close()
 
     async def _endpoint(self, websocket: WebSocket) -> None:
-        await serve_websocket(websocket, self.ctx, self.name, _Connection(self, websocket).run)
+        assert self.manager is not None
+        handler = _WorldHandler(self, websocket.query_params.get("protocol_version"))
+        await serve_websocket(
+            websocket,
+            self.ctx,
+            self.name,
+            lambda: run_connection(websocket, self.ctx, self.name, handler, self.manager),
+        )
 
 
-@dataclass
-class _ChunkOut:
+def world_declaration(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> MemoryDeclaration:
+    """One session's bytes over the world stages, computed from the geometry before any pool
+    exists (what ``WorldBlockStage.state_bytes() + WorldDecodeStage.state_bytes()`` will say)."""
+    geometry = KVGeometry.of(cfg, dtype)
+    return MemoryDeclaration(
+        resident_bytes_per_session=geometry.bytes_per_session + decoder_state_bytes(cfg, dtype),
+        scratch_bytes=geometry.scratch_bytes(max_batch),
+        max_sessions=256,
+    )
+
+
+@dataclass(frozen=True)
+class _TickDone:
     generation: int
-    metadata: dict[str, Any]
-    media: asyncio.Future
+    result: Any
+    error: BaseException | None
+    started: float
 
 
-class _Connection:
-    def __init__(self, service: WorldService, websocket: WebSocket) -> None:
+class _Wake:
+    """Pacing time reached, or a chunk left (credit): maybe start the next tick."""
+
+
+_WAKE = _Wake()
+
+
+class _WorldHandler:
+    """One world connection (``KindHandler``); every attribute is the runner's alone."""
+
+    inline = False
+
+    def __init__(self, service: WorldService, protocol_version: str | None) -> None:
         self.service = service
-        self.ws = websocket
-        wc = service.config
-        cfg = service.model.cfg  # type: ignore[union-attr]
+        self.protocol_version = protocol_version
+        wc, cfg = service.config, service.model.cfg  # type: ignore[union-attr]
         self.codec = proto.ServerConnection(
             proto.Limits(
                 cfg.frame_width,
@@ -294,266 +262,206 @@ class _Connection:
             default_fps=wc.fps,
             default_pacing=wc.default_pacing,
         )
-        self.outbound: asyncio.Queue[str | _ChunkOut] = asyncio.Queue(OUTBOUND_MESSAGES)
-        self.session: Session | None = None
         self.start: proto.Start | None = None
-        self.generation = 0
-        self.resumed = asyncio.Event()
-        self.started = asyncio.Event()
+        self.payload: WorldTickPayload | None = None
+        self.ticking = False
+        self.paused = False  # the session FAILED: no ticks until session.reset
+        self.unsent = 0  # chunks generated but not yet sent (the generate-ahead credit)
         self.clock_t0: float | None = None
         self.frames_out = 0
-        self.closing: tuple[int, str] | None = None
-        self.reader_done = asyncio.Event()
-        self.chunk_slots = asyncio.Semaphore(wc.max_ahead_blocks)  # chunks generated but not yet sent
-        self.fmp4: Fmp4Encoder | None = None  # this generation's H.264 stream (fmp4 format)
-        self.fmp4_generation = -1
-        self.last_encode: asyncio.Future | None = None  # encodes run one at a time, in chunk order
+        self.timer: asyncio.TimerHandle | None = None
+        self.client_ts: dict[int, float] = {}  # event id -> client timestamp, until applied
 
-    async def run(self) -> None:
-        bad = proto.check_version(self.ws.query_params.get("protocol_version"))
+    async def opened(self, conn: Connection) -> None:
+        bad = proto.check_version(self.protocol_version)
         if bad is not None:
-            self.service.errors.labels(bad.code).inc()
-            await self.ws.send_text(proto.render_error(bad.code, bad.message))
-            await self._close(CloseCode.POLICY_VIOLATION, "unsupported protocol_version")
+            await conn.send(self._error(bad.code, bad.message))
+            conn.end("protocol", "unsupported protocol_version")
+
+    async def decode(self, message: str | bytes) -> proto.Command:
+        if isinstance(message, bytes):
+            return self.codec.receive_bytes(message)
+        return self.codec.receive_text(message)
+
+    async def session_ended(self, conn: Connection, reason: str) -> Close:
+        self._stop_timer()
+        session = conn.session
+        await conn.send(proto.render_closed(session.session_id if session else None, reason))
+        return Close("shutdown") if reason == "shutdown" else Close("closed", reason)
+
+    async def handle(self, conn: Connection, item: Any) -> None:
+        if isinstance(item, _TickDone):
+            await self._tick_done(conn, item)
+        elif item is _WAKE:
+            pass
+        elif isinstance(item, proto.Rejected):
+            await conn.send(self._error(item.code, item.message, item.event_id))
+        elif isinstance(item, proto.Ping):
+            await conn.send(proto.render_pong(item.data))
+        elif isinstance(item, proto.Start):
+            await self._start(conn, item)
+        elif isinstance(item, proto.Event):
+            await conn.send(self._event(conn, item))
+        elif isinstance(item, proto.Reset):
+            await self._reset(conn)
+        elif isinstance(item, proto.Close):
+            await self._close(conn)
             return
-        tasks = {
-            asyncio.create_task(self._read(), name="world-reader"),
-            asyncio.create_task(self._run(), name="world-runner"),
-            asyncio.create_task(self._write(), name="world-writer"),
-        }
+        self._maybe_tick(conn)
+
+    # -- commands -------------------------------------------------------------------------
+    async def _start(self, conn: Connection, cmd: proto.Start) -> None:
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    raise task.exception()
-        except Exception:
-            log.exception("world connection failed")
-            self.closing = (CloseCode.INTERNAL_ERROR, "internal server error")
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if self.session is not None:
-                await self.service.manager.disconnect(self.session.session_id)  # type: ignore[union-attr]
-        if self.closing is not None:
-            await self._close(*self.closing)
+            session = await conn.create_session()
+        except SessionError as exc:
+            await conn.send(self._error(exc.code, exc.message))
+            conn.end("capacity", exc.message)
+            return
+        wc = self.service.config
+        self.start = cmd
+        self.payload = WorldTickPayload(
+            cmd.seed, cmd.prompt, MediaSettings(cmd.format, cmd.fps, wc.jpeg_quality)
+        )
+        caps = {**self.service.capabilities(), "fps": cmd.fps, "format": cmd.format, "pacing": cmd.pacing}
+        await conn.send(proto.render_created(session.session_id, caps))
+
+    def _event(self, conn: Connection, cmd: proto.Event) -> str:
+        """Accept or refuse one event at once; the ack or typed error to send."""
+        event = cmd.event
+        try:
+            status = conn.session.accept_event(event)  # type: ignore[union-attr]
+        except SessionError as exc:
+            return self._error(exc.code, exc.message, event.event_id)
+        if event.client_ts_ms is not None and status == "accepted":
+            self.client_ts[event.event_id] = event.client_ts_ms
+        return proto.render_event_ack(event.event_id, str(status))
+
+    async def _reset(self, conn: Connection) -> None:
+        session, manager = conn.session, self.service.manager
+        assert session is not None and manager is not None
+        conn.epoch += 1  # queued chunks of the old world are never shown
+        self._stop_timer()
+        try:
+            await manager.reset(session.session_id)
+        except SessionError as exc:
+            await conn.send(self._error(exc.code, exc.message))
+            return
+        self.paused, self.clock_t0, self.frames_out = False, None, 0
+        self.client_ts.clear()
+        await conn.send(proto.render_reset_done(session.session_id))
+
+    async def _close(self, conn: Connection) -> None:
+        session, manager = conn.session, self.service.manager
+        assert session is not None and manager is not None
+        conn.epoch += 1
+        self._stop_timer()
+        try:
+            await manager.close(session.session_id)
+        except SessionError as exc:  # cleanup failed: the tombstone is the runtime's to retry
+            await conn.send(self._error(exc.code, exc.message))
+        await conn.send(proto.render_closed(session.session_id, "client_close"))
+        conn.end("client_close")
+
+    # -- ticks ----------------------------------------------------------------------------
+    def _maybe_tick(self, conn: Connection) -> None:
+        """Start the next tick if none runs and pacing and the generate-ahead credit allow it."""
+        session, start = conn.session, self.start
+        if self.ticking or self.paused or start is None or session is None or session.status != "active":
+            return
+        wc = self.service.config
+        if self.unsent >= wc.max_ahead_blocks:
+            return  # a sent chunk posts a wake-up
+        if start.pacing == "realtime" and self.clock_t0 is not None:
+            cfg = self.service.model.cfg  # type: ignore[union-attr]
+            budget = wc.max_ahead_blocks * cfg.frames_for_block(False) / start.fps
+            ahead = self.frames_out / start.fps - (time.monotonic() - self.clock_t0)
+            if ahead > budget:
+                if self.timer is None:
+                    self.timer = asyncio.get_running_loop().call_later(ahead - budget, self._wake, conn)
+                return
+        self.ticking = True
+        generation, started = conn.epoch, time.perf_counter()
+        conn.spawn(
+            session.next_tick(self.payload),
+            lambda result, error: _TickDone(generation, result, error, started),
+        )
+
+    def _wake(self, conn: Connection) -> None:
+        self.timer = None
+        conn.post(_WAKE)
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    async def _tick_done(self, conn: Connection, done: _TickDone) -> None:
+        self.ticking = False
+        if done.generation != conn.epoch:
+            return  # superseded by a reset or close
+        if done.error is not None:
+            error = done.error
+            if not isinstance(error, SessionError):
+                raise error  # a bug: the skeleton logs it and closes 1011
+            if isinstance(error, TickSupersededError):
+                return
+            if error.code == "busy":  # transient: the engine queue is full; try again later
+                self.timer = asyncio.get_running_loop().call_later(0.05, self._wake, conn)
+                return
+            self.paused = True
+            await conn.send(self._error(error.code, f"{error.message}; send session.reset"))
+            return
+        result: TickOutput[PipelineResult] = done.result
+        meta = self._chunk_metadata(result, done.started)
+        self.unsent += 1
+        await conn.outbound.send_later(
+            _media(result.value.tail, meta), epoch=done.generation, on_done=lambda: self._sent(conn)
+        )
+
+    def _sent(self, conn: Connection) -> None:
+        self.unsent -= 1
+        conn.post(_WAKE)
+
+    def _chunk_metadata(self, result: TickOutput[PipelineResult], started: float) -> dict[str, Any]:
+        start, cfg = self.start, self.service.model.cfg  # type: ignore[union-attr]
+        assert start is not None
+        identity = result.metadata
+        frames = cfg.frames_for_block(identity.chunk_index == 0)
+        first, self.frames_out = self.frames_out, self.frames_out + frames
+        if self.clock_t0 is None:
+            self.clock_t0 = time.monotonic()
+        stamps = [self.client_ts.pop(i) for i in identity.applied_event_ids if i in self.client_ts]
+        head = result.value.head
+        return {
+            **identity.to_dict(),
+            "frame_count": frames,
+            "first_frame_index": first,
+            "format": start.format,
+            "width": cfg.frame_width,
+            "height": cfg.frame_height,
+            "fps": start.fps,
+            "client_ts_ms": stamps[-1] if stamps else None,
+            "timing": {
+                "queue_ms": max(0.0, (time.perf_counter() - started) * 1000.0 - head.forward_ms),
+                "generate_ms": head.forward_ms,
+                "batch_size": head.batch_size,
+            },
+        }
 
     def _error(self, code: str, message: str, event_id: int | None = None) -> str:
         self.service.errors.labels(str(code)).inc()
         return proto.render_error(code, message, event_id)
 
-    async def _read(self) -> None:
-        try:
-            await self._read_loop()
-        finally:
-            self.reader_done.set()
 
-    async def _read_loop(self) -> None:
-        while True:
-            try:
-                message = await self.ws.receive()
-            except (WebSocketDisconnect, RuntimeError):
-                return
-            if message["type"] == "websocket.disconnect":
-                return
-            if message.get("bytes") is not None:
-                cmd: proto.Command = self.codec.receive_bytes(message["bytes"])
-            else:
-                cmd = self.codec.receive_text(message.get("text") or "")
-            if await self._handle(cmd):
-                return
-
-    async def _handle(self, cmd: proto.Command) -> bool:
-        """Apply one command; True ends the connection."""
-        manager = self.service.manager
-        assert manager is not None
-        if isinstance(cmd, proto.Rejected):
-            await self.outbound.put(self._error(cmd.code, cmd.message, cmd.event_id))
-        elif isinstance(cmd, proto.Ping):
-            await self.outbound.put(proto.render_pong(cmd.data))
-        elif isinstance(cmd, proto.Start):
-            try:
-                self.session = await manager.create()
-            except SessionError as exc:
-                await self.outbound.put(self._error(exc.code, exc.message))
-                self.closing = (CloseCode.TRY_AGAIN_LATER, exc.message)
-                return True
-            self.start = cmd
-            caps = {**self.service.capabilities(), "fps": cmd.fps, "format": cmd.format, "pacing": cmd.pacing}
-            await self.outbound.put(proto.render_created(self.session.session_id, caps))
-            self.started.set()
-            self.resumed.set()
-        elif isinstance(cmd, proto.Event):
-            assert self.session is not None
-            try:
-                status = self.session.accept_event(cmd.event)
-            except SessionError as exc:
-                await self.outbound.put(self._error(exc.code, exc.message, cmd.event.event_id))
-            else:
-                await self.outbound.put(proto.render_event_ack(cmd.event.event_id, str(status)))
-        elif isinstance(cmd, proto.Reset):
-            assert self.session is not None
-            self.generation += 1
-            self.resumed.clear()
-            try:
-                await manager.reset(self.session.session_id)
-            except SessionError as exc:
-                await self.outbound.put(self._error(exc.code, exc.message))
-                return False
-            self.clock_t0, self.frames_out = None, 0
-            await self.outbound.put(proto.render_reset_done(self.session.session_id))
-            self.resumed.set()
-        elif isinstance(cmd, proto.Close):
-            assert self.session is not None
-            self.generation += 1
-            try:
-                await manager.close(self.session.session_id)
-            except SessionError as exc:  # cleanup failed: the tombstone is the runtime's to retry
-                await self.outbound.put(self._error(exc.code, exc.message))
-            await self.outbound.put(proto.render_closed(self.session.session_id, "client_close"))
-            self.closing = (CloseCode.NORMAL, "session closed")
-            await self.outbound.join()
-            return True
-        return False
-
-    async def _run(self) -> None:
-        await self.started.wait()
-        session = self.session
-        assert session is not None
-        closed = asyncio.create_task(session.wait_closed())
-        try:
-            with session_context(session.session_id):
-                await self._generate(session, closed)
-        finally:
-            closed.cancel()
-        if self.codec.closed:
-            await self.reader_done.wait()  # the client closed: the reader answers and ends
-            return
-        reason = closed.result() if closed.done() and not closed.cancelled() else "closed"
-        await self.outbound.put(proto.render_closed(session.session_id, reason))
-        self.closing = (
-            CloseCode.GOING_AWAY if reason == "shutdown" else CloseCode.POLICY_VIOLATION,
-            f"session closed: {reason}",
-        )
-        await self.outbound.join()
-
-    async def _generate(self, session: Session, closed: asyncio.Task) -> None:
-        """The generation loop: pacing, ticks, hand-off to encoding; ends when the session closes."""
-        start = self.start
-        assert start is not None
-        wc, cfg = self.service.config, self.service.model.cfg  # type: ignore[union-attr]
-        payload = WorldTickPayload(start.seed, start.prompt)
-        block_s = cfg.frames_for_block(False) / start.fps
-        while not closed.done():
-            if not await _until(self.resumed.wait(), closed):
-                return
-            if start.pacing == "realtime" and self.clock_t0 is not None:
-                ahead = self.frames_out / start.fps - (time.monotonic() - self.clock_t0)
-                if ahead > wc.max_ahead_blocks * block_s:
-                    await _until(asyncio.sleep(ahead - wc.max_ahead_blocks * block_s), closed)
-                    continue
-            if not await _until(self.chunk_slots.acquire(), closed):
-                return
-            if not self.resumed.is_set():  # a reset began while waiting: tick its new world later
-                self.chunk_slots.release()
-                continue
-            generation = self.generation
-            try:
-                result = await session.next_tick(payload)
-            except SessionError as exc:
-                self.chunk_slots.release()
-                if closed.done() or isinstance(exc, TickSupersededError) or generation != self.generation:
-                    continue
-                self.resumed.clear()
-                await self.outbound.put(self._error(exc.code, f"{exc.message}; send session.reset"))
-                continue
-            if generation != self.generation:
-                self.chunk_slots.release()
-                continue
-            await self.outbound.put(self._chunk(result.metadata.to_dict(), result.value, generation))
-
-    def _chunk(self, identity: dict[str, Any], chunk: WorldChunk, generation: int) -> _ChunkOut:
-        start, wc = self.start, self.service.config
-        assert start is not None
-        frames = chunk.output.frames.numpy()
-        first = self.frames_out
-        self.frames_out += len(frames)
-        if self.clock_t0 is None:
-            self.clock_t0 = time.monotonic()
-        if start.format == "fmp4" and self.fmp4_generation != generation:
-            # a new stream (init segment, keyframe, decode time 0) per session start and reset
-            self.fmp4 = Fmp4Encoder(frames.shape[2], frames.shape[1], start.fps)
-            self.fmp4_generation = generation
-        fmp4 = self.fmp4 if start.format == "fmp4" else None
-
-        def encode() -> tuple[bytes, int, float]:
-            t0 = time.perf_counter()
-            if fmp4 is not None:
-                init, fragment = fmp4.encode(frames)
-                data = init + fragment
-            else:
-                init, data = b"", encode_jpeg_batch(frames, wc.jpeg_quality)
-            return data, len(init), (time.perf_counter() - t0) * 1000.0
-
-        async def encode_after(previous: asyncio.Future | None) -> tuple[bytes, int, float]:
-            if previous is not None:
-                await asyncio.wait({previous})  # its outcome is its own chunk's business
-            return await asyncio.to_thread(encode)
-
-        meta = {
-            **identity,
-            "frame_count": len(frames),
-            "first_frame_index": first,
-            "format": start.format,
-            "width": frames.shape[2],
-            "height": frames.shape[1],
-            "fps": start.fps,
-            "client_ts_ms": chunk.client_ts_ms,
-            "timing": {
-                "queue_ms": chunk.queued_ms,
-                "generate_ms": chunk.output.forward_ms,
-                "batch_size": chunk.output.batch_size,
-            },
-        }
-        self.last_encode = asyncio.ensure_future(encode_after(self.last_encode))
-        return _ChunkOut(generation, meta, self.last_encode)
-
-    async def _write(self) -> None:
-        while True:
-            item = await self.outbound.get()
-            try:
-                await self._send(item)
-            except (WebSocketDisconnect, RuntimeError):
-                return  # the client went away; the reader ends the connection
-            finally:
-                if isinstance(item, _ChunkOut):
-                    self.chunk_slots.release()
-                self.outbound.task_done()
-
-    async def _send(self, item: str | _ChunkOut) -> None:
-        if isinstance(item, str):
-            await self.ws.send_text(item)
-            return
-        data, init_bytes, encode_ms = await item.media
-        if item.generation != self.generation:
-            return  # superseded by a reset or close: never shown
-        meta = {**item.metadata, "byte_length": len(data), "init_segment_bytes": init_bytes}
-        meta["timing"] = {**meta["timing"], "encode_ms": encode_ms}
-        await self.ws.send_text(proto.render_chunk_metadata(meta))
-        await self.ws.send_bytes(data)
-
-    async def _close(self, code: int, reason: str) -> None:
-        await close_quietly(self.ws, code, reason)
-
-
-async def _until(awaitable: Any, closed: asyncio.Task) -> bool:
-    """Await ``awaitable`` unless ``closed`` finishes first (then cancel it and return False)."""
-    task = asyncio.ensure_future(awaitable)
-    await asyncio.wait({task, closed}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        return True
-    task.cancel()
-    return False
+async def _media(tail: asyncio.Future, meta: dict[str, Any]) -> tuple[str | bytes, ...]:
+    """The chunk's frames once the pipeline encoded them: metadata text, then the media bytes."""
+    try:
+        media: EncodedMedia = await tail
+    except SessionError:
+        return ()  # superseded (reset, close, release): never shown
+    meta = {**meta, "byte_length": len(media.data), "init_segment_bytes": media.init_bytes}
+    meta["timing"] = {**meta["timing"], "decode_ms": media.decode_ms, "encode_ms": media.encode_ms}
+    return proto.render_chunk_metadata(meta), media.data
 
 
 def build_world_service(ctx: ServerContext) -> WorldService:
