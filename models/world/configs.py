@@ -24,7 +24,7 @@ WEIGHTS_DIR = Path(__file__).parent / "weights"
 class WorldModelConfig:
     name: str = "world-tiny"
     # latent video: channels x height x width per latent frame; 1 latent = 4 pixel frames
-    latent_channels: int = 8
+    latent_channels: int = 16
     latent_height: int = 8
     latent_width: int = 8
     patch: int = 2
@@ -45,8 +45,9 @@ class WorldModelConfig:
     window_frames: int = 4
     # few-step flow sampler: noise levels of the staged denoise passes (then a sigma=0 clean pass)
     sigmas: tuple[float, ...] = (1.0, 0.5)
-    # causal decoder: latent -> RGB, spatial x(2**upsample_levels), temporal x4
-    decoder_channels: tuple[int, ...] = (48, 32, 16)
+    # causal decoder: latent -> RGB, spatial x(2**len(decoder_channels)), temporal x4 (the tiny
+    # default: 8x8 latents, 16 DiT tokens per frame -> 128x128 frames)
+    decoder_channels: tuple[int, ...] = (48, 32, 16, 8)
     temporal_factor: int = 4
     fps: int = 16
     extra: dict[str, str] = field(default_factory=dict, compare=False)
@@ -60,12 +61,17 @@ class WorldModelConfig:
         return self.dim // self.heads
 
     @property
+    def spatial_factor(self) -> int:
+        """Pixels per latent cell along each axis (the decoder's spatial upsampling)."""
+        return 2 ** len(self.decoder_channels)
+
+    @property
     def frame_height(self) -> int:
-        return self.latent_height * 2 ** len(self.decoder_channels)
+        return self.latent_height * self.spatial_factor
 
     @property
     def frame_width(self) -> int:
-        return self.latent_width * 2 ** len(self.decoder_channels)
+        return self.latent_width * self.spatial_factor
 
     def frames_for_block(self, first: bool) -> int:
         """Pixel frames a block decodes to: 1 + 4(n-1) for a session's first block, else 4n."""

@@ -25,7 +25,7 @@ ACTION_NAMES = ("forward", "back", "turn_left", "turn_right", "mouse_dx", "mouse
 MOVE_PER_FRAME = 0.09  # cells
 TURN_PER_FRAME = math.radians(5.0)
 MOUSE_TURN = math.radians(8.0)  # per frame at |dx| = 1
-MOUSE_PITCH = 3.0  # horizon pixels per frame at |dy| = 1
+MOUSE_PITCH = 3.0 / 64  # horizon shift per frame at |dy| = 1, as a fraction of the image height
 FOV = math.radians(66.0)
 
 # per theme: 3 wall colours, 2 floor colours, sky top, sky horizon, skyline colour
@@ -77,7 +77,7 @@ class MazeEnv:
     def __init__(
         self,
         batch: int,
-        size: int = 64,
+        size: int = 128,
         grid: int = 15,
         seed: int = 0,
         themes: list[int] | None = None,
@@ -117,7 +117,7 @@ class MazeEnv:
         """Advance one pixel frame with ``action [B, 6]``."""
         a = action.to(self.device, torch.float32)
         self.yaw = self.yaw + (a[:, 2] - a[:, 3]) * TURN_PER_FRAME - a[:, 4] * MOUSE_TURN
-        self.pitch = (self.pitch + a[:, 5] * MOUSE_PITCH).clamp(-self.size / 5, self.size / 5)
+        self.pitch = (self.pitch + a[:, 5] * MOUSE_PITCH * self.size).clamp(-self.size / 5, self.size / 5)
         speed = (a[:, 0] - a[:, 1]) * MOVE_PER_FRAME
         d = torch.stack([self.yaw.cos(), -self.yaw.sin()], -1)
         for axis in (0, 1):  # slide along walls: move each axis separately, with a margin
@@ -221,12 +221,14 @@ def rollout(env: MazeEnv, latent_actions: Tensor, temporal_factor: int = 4) -> T
     return torch.stack(frames, 1)
 
 
-def horizontal_shift(frames: Tensor, max_shift: int = 8) -> Tensor:
+def horizontal_shift(frames: Tensor) -> Tensor:
     """Mean horizontal image shift between consecutive frames ``[T, 3, H, W]``, in pixels.
 
     Positive = content moves right (what turning left does). Estimated per frame pair by the
-    best-matching shift of the column-mean profile of the upper half (sky and wall tops).
+    best-matching shift of the column-mean profile of the upper half (sky and wall tops), over
+    shifts up to an eighth of the width (a turn moves the view by about W / 13 per frame).
     """
+    max_shift = frames.shape[-1] // 8
     prof = frames[:, :, : frames.shape[2] // 2].mean(dim=(1, 2))  # [T, W]
     prof = prof - prof.mean(-1, keepdim=True)
     shifts = []

@@ -85,8 +85,9 @@ class GroupEncoder(nn.Module):
 
     def __init__(self, cfg: WorldModelConfig) -> None:
         super().__init__()
-        self.tf = cfg.temporal_factor
-        ch = [3 * cfg.temporal_factor, *reversed(cfg.decoder_channels)]
+        self.tf, self.factor = cfg.temporal_factor, cfg.spatial_factor
+        # twice the decoder's widths: the encoder only runs in training, so capacity is free
+        ch = [3 * cfg.temporal_factor, *(2 * c for c in reversed(cfg.decoder_channels))]
         layers: list[nn.Module] = []
         for c_in, c_out in zip(ch[:-1], ch[1:], strict=True):
             layers += [nn.Conv2d(c_in, c_out, 4, stride=2, padding=1), nn.SiLU()]
@@ -102,7 +103,7 @@ class GroupEncoder(nn.Module):
         first = frames[:, :1].expand(b, self.tf, c, h, w)
         groups = torch.cat([first, frames[:, 1:]], 1).view(b, -1, self.tf * c, h, w)
         n = groups.shape[1]
-        return self.net(groups.flatten(0, 1)).view(b, n, -1, h // 8, w // 8)
+        return self.net(groups.flatten(0, 1)).view(b, n, -1, h // self.factor, w // self.factor)
 
 
 def train_mask(cfg: WorldModelConfig, n: int, device) -> Tensor:
@@ -123,17 +124,37 @@ def _batch(data, bs: int, device: str, g: torch.Generator):
     return frames[idx].to(device).float() / 255.0, acts[idx].to(device), themes[idx].to(device)
 
 
+def _decay_lr(opt: torch.optim.Optimizer, lr: float, step: int, progress: float) -> None:
+    """Warm-up over 200 steps, then linear decay to 10% at ``progress`` 1 (of steps or minutes)."""
+    for group in opt.param_groups:
+        group["lr"] = lr * min(1.0, (step + 1) / 200) * (1 - 0.9 * min(progress, 1.0))
+
+
+def _gradients(x: Tensor) -> tuple[Tensor, Tensor]:
+    return x[..., 1:, :] - x[..., :-1, :], x[..., :, 1:] - x[..., :, :-1]
+
+
+def reconstruction_loss(recon: Tensor, frames: Tensor) -> Tensor:
+    """MSE + 0.5 L1 on pixels, plus L1 on the image gradients: a pixel loss alone is minimised by
+    blurring edges the latent cannot place exactly; the gradient term pays for sharp ones."""
+    edges = sum(F.l1_loss(r, f) for r, f in zip(_gradients(recon), _gradients(frames), strict=True))
+    return F.mse_loss(recon, frames) + 0.5 * F.l1_loss(recon, frames) + 0.5 * edges
+
+
 def train_autoencoder(cfg, data, args, g) -> tuple[GroupEncoder, CausalDecoder]:
     enc, dec = GroupEncoder(cfg).to(args.device), CausalDecoder(cfg).to(args.device)
     opt = torch.optim.AdamW([*enc.parameters(), *dec.parameters()], lr=args.ae_lr, weight_decay=0.0)
     t0, step = time.time(), 0
     while step < args.ae_steps and time.time() - t0 < args.ae_minutes * 60:
+        _decay_lr(
+            opt, args.ae_lr, step, max(step / args.ae_steps, (time.time() - t0) / (args.ae_minutes * 60))
+        )
         frames, _, _ = _batch(data, args.ae_batch, args.device, g)
         with torch.autocast(args.device_type, dtype=torch.bfloat16, enabled=args.amp):
             z = enc(frames)
             z = z + 0.05 * torch.randn_like(z)  # robustness to DiT sampling error
             recon, _ = dec(z, dec.init_state(frames.shape[0]))
-        loss = F.mse_loss(recon.float(), frames) + 0.5 * F.l1_loss(recon.float(), frames)
+        loss = reconstruction_loss(recon.float(), frames)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -170,9 +191,9 @@ def train_dit(cfg, latents: Tensor, data, args, g) -> CausalDiT:
     blocks = n // cfg.frames_per_block
     t0, step = time.time(), 0
     while step < args.dit_steps and time.time() - t0 < args.dit_minutes * 60:
-        progress = max(step / args.dit_steps, (time.time() - t0) / (args.dit_minutes * 60))
-        for group in opt.param_groups:  # warm-up, then linear decay to 10% over the budget
-            group["lr"] = args.dit_lr * min(1.0, (step + 1) / 200) * (1 - 0.9 * progress)
+        _decay_lr(
+            opt, args.dit_lr, step, max(step / args.dit_steps, (time.time() - t0) / (args.dit_minutes * 60))
+        )
         idx = torch.randint(latents.shape[0], (args.dit_batch,), generator=g).to(latents.device)
         z, acts, themes = (
             latents[idx].to(args.device),
