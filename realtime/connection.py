@@ -225,6 +225,16 @@ class Outbound:
         self._empty.clear()
         self._wake.set()
 
+    def discard(self) -> None:
+        """Drop everything still queued (the connection is gone): deferred work is closed."""
+        while self._items:
+            item = self._items.popleft()
+            _discard(item.deferred)
+            if item.on_done is not None:
+                item.on_done()
+        self._bytes = 0
+        self._settle()
+
     def _settle(self) -> None:
         if not self._items and not self._writing:
             self._empty.set()
@@ -347,10 +357,11 @@ class Connection:
                     task.cancel()
                 if self._runner is not None:
                     await self._runner.cancel()
-                await asyncio.gather(*tasks, *self._children, return_exceptions=True)
         finally:
+            # Release at once (the session cuts a tick still unwinding), then let the tasks end.
             if self.session is not None:
                 await self.manager.disconnect(self.session.session_id)
+            await asyncio.gather(*tasks, *self._children, return_exceptions=True)
         await self._finish()
 
     async def _read(self) -> None:
@@ -417,6 +428,12 @@ class Connection:
     async def _finish(self) -> None:
         """Flush what is queued (bounded), send the close frame (bounded), else abort."""
         close = self._close or Close("disconnect")
+        try:
+            await self._close_socket(close)
+        finally:
+            self.outbound.discard()
+
+    async def _close_socket(self, close: Close) -> None:
         if close.reason == "disconnect":
             log.info("client disconnected", extra={"kind": self.kind})
             return

@@ -6,7 +6,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from realtime.config import config_from_mapping
-from realtime.kinds.runtime import build_session_manager
+from realtime.connections import ConnectionRegistry
+from realtime.kinds.base import ServerContext
+from realtime.kinds.runtime import build_session_manager, capacity_plan
 from sessions.capacity import MemoryDeclaration
 from sessions.errors import CapacityError, SessionLimitError
 from sessions.lifecycle import NullLifecycle
@@ -25,12 +27,11 @@ def build(runtime: dict, world: dict | None = None):
     config = config_from_mapping({"runtime": runtime, "world": world or {}})
     return build_session_manager(
         "world",
-        runtime=config.runtime,
+        ctx=ServerContext(config, CollectorRegistry(), ConnectionRegistry()),
         kind_config=config.world,
+        plan=capacity_plan(config.runtime, DECLARATION),
         executor=Echo(),
-        declaration=DECLARATION,
         lifecycle=NullLifecycle(),
-        registry=CollectorRegistry(),
     )
 
 
