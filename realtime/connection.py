@@ -369,7 +369,7 @@ class Connection:
         while True:
             try:
                 message = await self.ws.receive()
-            except (WebSocketDisconnect, RuntimeError):
+            except (WebSocketDisconnect, RuntimeError, OSError):
                 break
             if message["type"] == "websocket.disconnect":
                 break
@@ -395,13 +395,15 @@ class Connection:
                 await self.handler.handle(self, item)
         except SlowConsumerError:
             self.end("slow_consumer")
+        except (WebSocketDisconnect, OSError):  # a direct send to a client that went away
+            self.end("disconnect")
         except Exception as exc:
             self._internal_error(exc)
 
     async def _write(self) -> None:
         try:
             await self.outbound.run()
-        except (WebSocketDisconnect, RuntimeError):
+        except (WebSocketDisconnect, RuntimeError, OSError):  # OSError: uvicorn's ClientDisconnected
             self.end("disconnect")  # the client went away mid-send
 
     async def _watch(self, session: Session) -> None:

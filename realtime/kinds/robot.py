@@ -206,7 +206,9 @@ class _RobotHandler:
     def __init__(self, service: RobotService) -> None:
         self.service = service
         cfg = service.config
-        self.codec = openpi.ServerConnection(max_message_bytes=cfg.max_message_bytes, error_mode=cfg.error_mode)
+        self.codec = openpi.ServerConnection(
+            max_message_bytes=cfg.max_message_bytes, error_mode=cfg.error_mode, max_prompt_chars=cfg.max_prompt_chars
+        )
         self.episode: str | None = None
         self.prev_total_ms: float | None = None
         self.received_at = 0.0

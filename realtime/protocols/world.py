@@ -11,7 +11,7 @@ and (when known) ``event_id``; the session goes on. Error codes: ``invalid_json`
 ``not_started``, ``already_started``, ``unsupported_protocol_version`` (fatal, close 1008).
 
 Hostile JSON is typed too: ``NaN``/``Infinity``, numbers that overflow a float (``1e999``) and
-integers of more than :data:`MAX_INT_DIGITS` digits are ``invalid_message`` (Python would
+integers beyond 64 bits are ``invalid_message`` (``realtime.protocols.strict_json``) (Python would
 otherwise raise on 4,300-digit integers or overflow in arithmetic later); so are fields a message
 type does not define, ``session.ping`` data nested deeper than ``sessions.events.MAX_DEPTH``, and
 prompts with lone surrogates. Therefore every value a command carries can be rendered back by the
@@ -22,13 +22,13 @@ a few dozen characters.
 from __future__ import annotations
 
 import enum
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from models.world.controls import ControlError, validate_control
+from realtime.protocols.strict_json import StrictJSONError, dumps, loads_strict
 from sessions.errors import InvalidEventError
 from sessions.events import SessionEvent, freeze_json
 
@@ -37,7 +37,6 @@ PROTOCOL_VERSION = 1
 FORMATS = ("jpeg", "fmp4")
 PACING = ("realtime", "fast")
 MAX_EVENT_ID = 2**53 - 1  # largest integer a JavaScript client parses exactly
-MAX_INT_DIGITS = 20  # longest JSON integer accepted (2**64 has 20 digits)
 _REPR_CHARS = 60  # client values quoted in error messages are cut to this
 _FIELDS = {
     "session.start": frozenset({"type", "prompt", "seed", "width", "height", "fps", "format", "pacing"}),
@@ -129,28 +128,6 @@ def _short(value: Any) -> str:
     return text if len(text) <= _REPR_CHARS else text[: _REPR_CHARS - 3] + "..."
 
 
-def _parse_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise _Invalid(f"integers may have at most {MAX_INT_DIGITS} digits")
-    return int(text)
-
-
-def _parse_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _Invalid(f"number {text[:_REPR_CHARS]} is out of range (numbers must be finite)")
-    return value
-
-
-def _parse_constant(name: str) -> Any:
-    raise _Invalid(f"{name} is not valid JSON (numbers must be finite)")
-
-
-def _loads(text: str) -> Any:
-    """``json.loads`` that refuses ``NaN``/``Infinity``, overflowing floats and huge integers."""
-    return json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
-
-
 def _text_ok(value: str) -> bool:
     """True if ``value`` is encodable text (JSON escapes can spell lone surrogates)."""
     try:
@@ -195,11 +172,11 @@ class ServerConnection:
                 f"message of {size} bytes exceeds max_message_bytes={self.limits.max_message_bytes}",
             )
         try:
-            raw = _loads(text)
-        except _Invalid as exc:
+            raw = loads_strict(text)
+        except StrictJSONError as exc:
+            if exc.syntax:
+                return Rejected(ErrorCode.INVALID_JSON, f"not valid JSON: {exc}")
             return Rejected(ErrorCode.INVALID_MESSAGE, str(exc))
-        except (json.JSONDecodeError, RecursionError) as exc:
-            return Rejected(ErrorCode.INVALID_JSON, f"not valid JSON: {exc}")
         if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
             return Rejected(ErrorCode.INVALID_MESSAGE, "a message must be a JSON object with a string 'type'")
         kind = raw["type"]
@@ -295,7 +272,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _dump(message: dict[str, Any]) -> str:
-    return json.dumps(message, separators=(",", ":"), allow_nan=False)
+    return dumps(message)
 
 
 def render_created(session_id: str, capabilities: dict[str, Any]) -> str:
