@@ -158,15 +158,29 @@ class WorldConfig:
 
 
 @dataclass(frozen=True)
+class EchoConfig:
+    """The echo session kind: the worked example of docs/adding-a-session-kind.md (off by default)."""
+
+    enabled: bool = False
+    idle_timeout_s: NonNegativeFloat = 60.0
+    max_lifetime_s: NonNegativeFloat = 0.0
+    max_sessions: PositiveInt = 64
+    max_text_chars: PositiveInt = 4096
+    max_message_bytes: PositiveInt = 65536
+    word_delay_s: NonNegativeFloat = 0.0
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     robot: RobotConfig = field(default_factory=RobotConfig)
     world: WorldConfig = field(default_factory=WorldConfig)
+    echo: EchoConfig = field(default_factory=EchoConfig)
 
     def enabled_kinds(self) -> list[str]:
         """Names of the session kinds this deployment serves, in a stable order."""
-        return [name for name in ("robot", "world") if getattr(self, name).enabled]
+        return [name for name in ("robot", "world", "echo") if getattr(self, name).enabled]
 
 
 def default_config_path() -> Path:

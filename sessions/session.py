@@ -278,7 +278,7 @@ class Session:
             self.touch()
             snapshot, prepared = await self._prepare(payload)
             chunks = self._executor.stream(snapshot)
-            seq, finished = 0, False
+            seq, left = 0, False
             try:
                 while True:
                     if self._epoch != epoch:
@@ -295,11 +295,14 @@ class Session:
                         raise self._superseded(snapshot)
                     if value is _END:
                         break
-                    yield TickChunk(snapshot.metadata, seq, value)
+                    try:
+                        yield TickChunk(snapshot.metadata, seq, value)
+                    except GeneratorExit:  # the consumer left early (not a transient refusal)
+                        left = True
+                        raise
                     seq += 1
-                finished = True
             finally:
-                if not finished and self._epoch == epoch:  # the consumer left early
+                if left and self._epoch == epoch:
                     self._mark_failed("cancelled")
                     self._tick_finished("cancelled", None)
                 with contextlib.suppress(Exception):
@@ -483,6 +486,20 @@ class Session:
             self.failure = None
             self._set_status(SessionStatus.ACTIVE)
             self.touch()
+
+    def interrupt(self) -> bool:
+        """Supersede the tick in flight, keeping everything else (barge-in, a client's cancel).
+
+        Bumps ``epoch`` and cuts the tick (it raises :class:`TickSupersededError` and commits
+        nothing); unlike ``reset`` the session keeps its chunk index, prompt, controls, pending
+        events and worker state. Returns False (and changes nothing) when no tick runs.
+        """
+        self._require_active()
+        if not self._tick_lock.locked():
+            return False
+        self._epoch += 1
+        self._cut_tick()
+        return True
 
     async def _close(self, reason: ReleaseReason) -> SessionStatus:
         """The one release path: CLOSING, cancel the tick, release; CLOSED or CLEANUP_FAILED."""

@@ -12,6 +12,7 @@ from realtime.kinds.base import ServerContext, SessionKindService
 KIND_FACTORIES: dict[str, str] = {
     "robot": "realtime.kinds.robot:build_robot_service",
     "world": "realtime.kinds.world:build_world_service",
+    "echo": "realtime.kinds.echo:build_echo_service",
 }
 
 

@@ -64,10 +64,15 @@ def session_limits(runtime: RuntimeConfig) -> SessionLimits:
     )
 
 
-def stage_declaration(*stages: Any, scratch_bytes: int = 0) -> MemoryDeclaration:
+def stage_declaration(
+    *stages: Any, scratch_bytes: int = 0, max_sessions: int | None = None
+) -> MemoryDeclaration:
     """The declaration of one session over ``stages``: their ``state_bytes()`` summed, capped by
-    the smallest ``slot_capacity`` (a stateless stage declares 0 bytes and no cap)."""
+    the smallest ``slot_capacity`` and ``max_sessions`` (a stateless stage declares 0 bytes and
+    no cap, so a kind of stateless stages must pass ``max_sessions``)."""
     caps: Sequence[int] = [s.slot_capacity for s in stages if hasattr(s, "slot_capacity")]
+    if max_sessions is not None:
+        caps = [*caps, max_sessions]
     return MemoryDeclaration(
         resident_bytes_per_session=sum(int(s.state_bytes()) for s in stages if hasattr(s, "state_bytes")),
         scratch_bytes=scratch_bytes,
@@ -75,7 +80,9 @@ def stage_declaration(*stages: Any, scratch_bytes: int = 0) -> MemoryDeclaration
     )
 
 
-def capacity_plan(runtime: RuntimeConfig, declaration: MemoryDeclaration, device: str = "cpu") -> CapacityPlan:
+def capacity_plan(
+    runtime: RuntimeConfig, declaration: MemoryDeclaration, device: str = "cpu"
+) -> CapacityPlan:
     """The kind's one plan: call it once, before allocating pools (see the module docstring)."""
     available = runtime.memory_available_bytes
     return plan_capacity(
