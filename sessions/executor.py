@@ -46,5 +46,8 @@ class StageExecutor:
         chunks = self.runner.stream(
             snapshot.session_id, snapshot.epoch, self.to_input(snapshot), request_id=snapshot.request_id
         )
-        async for chunk in chunks:
-            yield chunk.payload
+        try:
+            async for chunk in chunks:
+                yield chunk.payload
+        finally:  # a tick that ends early (its consumer left) aborts the stage's work now, not at GC
+            await chunks.aclose()

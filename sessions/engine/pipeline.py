@@ -205,7 +205,10 @@ class Pipeline:
         if len(self.runners) == 1:
             future.set_result(head)
         else:
-            await lane.hops[1].put(Chunk(session_id, epoch, seq, (head, request), last))
+            hop = lane.hops[1]
+            await hop.put(Chunk(session_id, epoch, seq, (head, request), last))
+            if hop.closed:  # released while this waited for room: the chunk was discarded
+                request.fail(SessionReleasedError(session_id, "pipeline lane closed"))
         return PipelineResult(head, future)
 
     def stream(
@@ -303,6 +306,7 @@ class Pipeline:
                             await self._forward(lane, k, request, chunk, produced.payload)
                     finally:
                         request.running.discard(outputs)
+                        outputs.cancel()  # no-op once it ended; otherwise the relay left mid-stream
                 if chunk.final or value is _END:
                     await self._forward(lane, k, request, chunk, _END)
             except asyncio.CancelledError:

@@ -7,7 +7,7 @@ measures the producer only: time the consumer spends away from the stream (a slo
 backpressure) never counts. Closing the stream early (``aclose``, or leaving an ``async for``
 through an exception) cancels the remaining work too, and so does dropping the last reference
 to an unfinished stream (a finalizer schedules the cancel on the stream's event loop), so an
-abandoned stream cannot pin its session's work.
+abandoned stream cannot pin its session's work; chunks it left unread are dropped.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class ChunkStream:
         self._on_cancel = on_cancel
         self._on_stall = on_stall
         self._done = False
-        self._finalizer = weakref.finalize(self, _cancel_soon, asyncio.get_running_loop(), on_cancel)
+        self._finalizer = weakref.finalize(self, _cancel_soon, asyncio.get_running_loop(), on_cancel, channel)
 
     def __aiter__(self) -> ChunkStream:
         return self
@@ -49,7 +49,10 @@ class ChunkStream:
             raise StopAsyncIteration
         try:
             if self._stall_timeout_s > 0:
-                chunk = await asyncio.wait_for(self._channel.get(), self._stall_timeout_s)
+                # Not ``wait_for``: on Python 3.11 it swallows a cancel that lands as the chunk
+                # arrives (the cancelled relay or tick would then run on and never end).
+                async with asyncio.timeout(self._stall_timeout_s):
+                    chunk = await self._channel.get()
             else:
                 chunk = await self._channel.get()
         except TimeoutError:
@@ -84,10 +87,21 @@ class ChunkStream:
             return
         self._done = True
         self._finalizer.detach()
-        self._on_cancel(error)
+        _abandon(on_cancel=self._on_cancel, channel=self._channel, error=error)
 
 
-def _cancel_soon(loop: asyncio.AbstractEventLoop, on_cancel: Callable[[BaseException | None], None]) -> None:
+def _abandon(
+    on_cancel: Callable[[BaseException | None], None], channel: Channel, error: BaseException | None = None
+) -> None:
+    """Cancel the remaining work, then drop what is still buffered: nobody reads it now (a request
+    that finished unread leaves a cleanly closed channel, which the depth gauge would count forever)."""
+    on_cancel(error)
+    channel.purge(lambda _chunk: True)
+
+
+def _cancel_soon(
+    loop: asyncio.AbstractEventLoop, on_cancel: Callable[[BaseException | None], None], channel: Channel
+) -> None:
     # Garbage collection may run on any thread, so the cancel is handed to the loop.
     with contextlib.suppress(RuntimeError):  # the loop is already closed
-        loop.call_soon_threadsafe(on_cancel, None)
+        loop.call_soon_threadsafe(_abandon, on_cancel, channel)

@@ -159,13 +159,16 @@ async def test_submit_returns_the_head_before_the_tail_and_tails_resolve_in_orde
 
 async def test_release_fails_pending_tails_typed_and_leaves_no_relay_task(make_pipeline):
     first, second = RecordingStage("first"), RecordingStage("second", delay_s=0.2)
-    async with make_pipeline(first, second) as pipeline:
+    async with make_pipeline(first, second, channel_size=1) as pipeline:
         await pipeline.open("a")
         assert len(live_tasks("relay-")) == 2
-        tails = [(await pipeline.submit("a", 0, x)).tail for x in range(3)]
-        await wait_until(lambda: second.items)  # the first tail is in its forward
+        tails = [(await pipeline.submit("a", 0, x)).tail for x in range(2)]
+        await wait_until(lambda: second.items)  # tail 0 is in its forward, tail 1 fills the hop
+        blocked = asyncio.create_task(pipeline.submit("a", 0, 2))  # waits for room in the hop
+        await wait_until(lambda: len(first.items) == 3)
         await pipeline.release("a", "disconnect")
-        outcomes = await asyncio.gather(*tails, return_exceptions=True)
+        tails.append((await blocked).tail)
+        outcomes = await asyncio.wait_for(asyncio.gather(*tails, return_exceptions=True), 2.0)
         assert all(isinstance(o, SessionReleasedError) for o in outcomes), outcomes
         assert not live_tasks("relay-")
         assert not pipeline.is_open("a") and not any(r.is_open("a") for r in pipeline.runners)

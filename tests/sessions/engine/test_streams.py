@@ -9,7 +9,15 @@ import time
 
 import pytest
 
-from sessions.engine import EngineClosedError, SessionReleasedError, StaleEpochError, StallError
+from sessions.engine import (
+    Channel,
+    Chunk,
+    ChunkStream,
+    EngineClosedError,
+    SessionReleasedError,
+    StaleEpochError,
+    StallError,
+)
 from tests.sessions.engine.conftest import metric, settled, wait_until
 from tests.sessions.engine.stages import FakeStreamStage, RecordingStage
 
@@ -154,3 +162,18 @@ async def test_closing_the_batched_engine_fails_a_queued_stream_typed(registry):
     assert len(stage.items) == 1 and not engine.worker.thread.is_alive()
     with pytest.raises(EngineClosedError):
         await queued.collect()
+
+
+async def test_a_cancel_landing_as_a_chunk_arrives_is_not_swallowed():
+    """The reader is cancelled in the same loop iteration its chunk arrives: it must see the
+    cancel (a relay or tick that ran on would never end)."""
+    channel = Channel(4)
+    cancels: list[BaseException | None] = []
+    stream = ChunkStream(channel, stage="s", session_id="a", stall_timeout_s=5.0, on_cancel=cancels.append)
+    reader = asyncio.create_task(stream.__anext__())
+    await asyncio.sleep(0)  # the reader waits in the channel
+    channel.put_nowait(Chunk("a", 0, 0, "x", False))
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert len(cancels) == 1 and isinstance(cancels[0], asyncio.CancelledError)

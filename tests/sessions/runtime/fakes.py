@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from sessions.events import ControlInput, SessionEvent
 from sessions.manager import SessionManager
@@ -17,7 +17,11 @@ def request_id(session_id: str, chunk_index: int) -> str:
 
 
 class ScriptedExecutor:
-    """Echoes the snapshot; can block on a gate, raise, or return other metadata."""
+    """Echoes the snapshot; can block on a gate, raise, or return other metadata.
+
+    As a streaming executor it yields ``chunks``; the gate blocks before chunk ``gate_at`` and
+    ``error`` is raised in place of chunk ``error_at``.
+    """
 
     def __init__(self) -> None:
         self.snapshots: list[TickSnapshot] = []
@@ -25,6 +29,10 @@ class ScriptedExecutor:
         self.started = asyncio.Event()
         self.error: BaseException | None = None
         self.metadata: Callable[[TickSnapshot], TickMetadata] | None = None
+        self.chunks: list[object] = ["a", "b", "c"]
+        self.gate_at = 1
+        self.error_at = 0
+        self.closed_streams = 0  # streams whose generator was closed or ran to its end
 
     async def execute(self, snapshot: TickSnapshot) -> TickOutput[int]:
         self.snapshots.append(snapshot)
@@ -35,6 +43,19 @@ class ScriptedExecutor:
             raise self.error
         md = self.metadata(snapshot) if self.metadata is not None else snapshot.metadata
         return TickOutput(md, snapshot.chunk_index)
+
+    async def stream(self, snapshot: TickSnapshot) -> AsyncIterator[object]:
+        self.snapshots.append(snapshot)
+        self.started.set()
+        try:
+            for i, value in enumerate(self.chunks):
+                if i == self.gate_at and self.gate is not None:
+                    await self.gate.wait()
+                if i == self.error_at and self.error is not None:
+                    raise self.error
+                yield value
+        finally:
+            self.closed_streams += 1
 
 
 class RecordingLifecycle:
