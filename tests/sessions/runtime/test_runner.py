@@ -112,3 +112,22 @@ async def test_stop_and_cancel_leave_no_tasks():
     assert len(runner.tasks) == 1
     await runner.cancel()
     assert len(runner.tasks) == 0 and runner.pending == 0
+
+
+async def test_put_waits_for_room_and_post_goes_past_the_bound():
+    seen: list[int] = []
+
+    async def handle(item: int) -> None:
+        seen.append(item)
+
+    runner = SessionRunner(handle, mailbox_size=1)
+    runner.submit(1)
+    waiting = asyncio.create_task(runner.put(2))
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and runner.pending == 1  # the reader is held back, nothing dropped
+    runner.post(3)  # the runner's own follow-up work is never refused
+    assert runner.pending == 2
+    runner.start()
+    await asyncio.wait_for(waiting, 2.0)
+    await runner.stop()
+    assert seen == [1, 3, 2]

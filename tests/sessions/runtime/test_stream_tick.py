@@ -139,3 +139,24 @@ async def test_an_executor_error_mid_stream_fails_the_session_and_releases_its_s
     assert got == ["a"]
     assert session.status is SessionStatus.FAILED and session.chunk_index == 0 and reducer.commits == 0
     assert lifecycle.reasons(session.session_id) == ["failed"] and outcomes == ["failed"]
+
+
+async def test_interrupt_supersedes_a_streaming_tick_and_keeps_the_session():
+    session, executor, lifecycle, reducer, outcomes = recorded()
+    assert session.interrupt() is False  # no tick runs: nothing changes
+    session.accept_event(event(1, prompt="p"))
+    executor.gate = asyncio.Event()
+    stream = session.stream_tick()
+    await stream.__anext__()
+    reader = asyncio.create_task(stream.__anext__())
+    await asyncio.sleep(0)
+    epoch = session.epoch
+    assert session.interrupt() is True and session.epoch == epoch + 1
+    with pytest.raises(TickSupersededError):
+        await reader
+    assert session.status is SessionStatus.ACTIVE and session.chunk_index == 0 and reducer.commits == 0
+    assert session.pending_event_count == 1 and lifecycle.releases == [] and outcomes == ["superseded"]
+    executor.gate.set()
+    async for _ in session.stream_tick():
+        pass
+    assert executor.snapshots[-1].applied_event_ids == (1,) and session.chunk_index == 1
