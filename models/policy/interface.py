@@ -6,8 +6,10 @@ One tick of a robot session is ``observation -> action chunk``. The runtime call
    loop): validate the robot's native observation dict (wire keys, dtypes, shapes) and keep what
    the model needs. It must stay cheap (checks, no image copies or conversions: those belong in
    ``infer``, which runs batched on the worker thread). Bad input raises
-   :class:`ObservationError`; nothing else is raised for client mistakes. Decoded wire arrays are
-   read-only views: neither ``prepare`` nor ``infer`` writes into them.
+   :class:`ObservationError`; nothing else is raised for client mistakes. ``prepare`` validates
+   everything ``infer`` will read, so an accepted observation can never fail a batch shared with
+   other sessions. Decoded wire arrays are read-only views: neither ``prepare`` nor ``infer``
+   writes into them.
 2. ``state.snapshot(prepared, now)`` on the session's runner: an immutable view of the
    per-session state this tick needs (for example the previous chunk for real-time chunking).
 3. ``policy.infer(batch, snapshots)`` on the stage's worker thread, batching observations of
@@ -30,7 +32,8 @@ import numpy as np
 
 
 class ObservationError(ValueError):
-    """An observation the policy cannot use; ``str()`` says which key and why (safe for the wire)."""
+    """An observation the policy cannot use; ``str()`` names the key and the rule it breaks (safe
+    for the wire: one line, no traceback)."""
 
 
 @dataclass(frozen=True)

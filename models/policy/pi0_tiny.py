@@ -273,6 +273,7 @@ class Pi0TinyPolicy:
     full ``[50, 32]`` chunk; a fixed preset (``"libero"``, ``"droid"``, ``"aloha"``, ``"pi0"``)
     accepts only that layout and returns the robot's action dims (openpi's ``*Outputs`` slice).
     ``device`` is a torch device string (``"cpu"``, ``"cuda:0"``) for the weights and forwards.
+    ``max_prompt_chars`` bounds a prompt's length (``presets.MAX_PROMPT_CHARS`` by default).
     """
 
     def __init__(
@@ -281,9 +282,11 @@ class Pi0TinyPolicy:
         preset: str | None = None,
         default_prompt: str = "",
         device: str = "cpu",
+        max_prompt_chars: int = presets.MAX_PROMPT_CHARS,
     ) -> None:
         self.config = config or Pi0TinyConfig()
         self.device = device
+        self.max_prompt_chars = max_prompt_chars
         if preset is not None and preset not in presets.PRESETS:
             raise ValueError(f"unknown observation preset {preset!r} (known: {sorted(presets.PRESETS)})")
         self.preset = presets.PRESETS[preset] if preset else None
@@ -310,9 +313,13 @@ class Pi0TinyPolicy:
         )
 
     def prepare(self, observation: Mapping[str, Any]) -> Pi0Input:
-        """Validate only (cheap, no image copies): tensors are built per batch in :meth:`collate`."""
+        """Validate everything :meth:`collate` and :meth:`infer` read (``presets.canonicalize``,
+        ``RTCOptions.parse``), so an accepted observation cannot fail a batch it shares; cheap
+        otherwise (no image copies): tensors are built per batch in :meth:`collate`."""
         preset = self.preset or presets.detect(observation)
-        canon = presets.canonicalize(preset, observation, self.config.max_cameras, self.default_prompt)
+        canon = presets.canonicalize(
+            preset, observation, self.config.max_cameras, self.default_prompt, self.max_prompt_chars
+        )
         return Pi0Input(canon, RTCOptions.parse(observation.get("rtc")))
 
     def collate(self, batch: Sequence[Pi0Input]) -> Pi0Batch:

@@ -18,9 +18,11 @@ pi0      ``observation.images.base_0_rgb``,               ``state`` [<= 32]     
 ======== ================================================ ====================================== =======
 
 ``detect(observation)`` picks the preset from an observation's keys; ``canonicalize`` turns an
-observation into per-slot HWC uint8 images, a float32 state vector and a prompt, raising
-:class:`ObservationError` with the offending key for anything it cannot use. Images may be uint8
-or float in [0, 1] (LeRobot style), HWC or CHW, any size. Inputs are never written to.
+observation into per-slot HWC uint8 images, a float32 state vector and a prompt. It is the whole
+validation of an observation: what it returns can always be collated and run, so one robot's bad
+observation fails only its own request, never a batch it would share (the rules are listed in
+:func:`canonicalize`). Anything else raises :class:`ObservationError` whose message names the key
+and the rule. Inputs are never written to.
 """
 
 from __future__ import annotations
@@ -34,6 +36,21 @@ import numpy as np
 from models.policy.interface import ObservationError
 
 MAX_IMAGE_SIDE = 4096
+MAX_PROMPT_CHARS = 2000  # default bound on a prompt's length; the policies take max_prompt_chars
+
+
+@dataclass(frozen=True)
+class StateKey:
+    """One state array of a preset: ``size`` values (1-D, or a 0-d scalar when ``size`` is 1);
+    ``exact=False`` accepts 1..``size`` values (pi0's generic state, zero-padded by the model)."""
+
+    key: str
+    size: int
+    exact: bool = True
+
+    @property
+    def rule(self) -> str:
+        return f"shape [{self.size}]" if self.exact else f"1-D with 1..{self.size} values"
 
 
 @dataclass(frozen=True)
@@ -47,7 +64,7 @@ class Camera:
 class Preset:
     name: str
     cameras: tuple[Camera, ...]
-    state_keys: tuple[str, ...]
+    state: tuple[StateKey, ...]
     action_dim: int
     images_key: str | None = None  # cameras nested under this key (ALOHA's "images" dict)
     ignored_cameras: tuple[str, ...] = ()
@@ -59,7 +76,7 @@ class Preset:
             "camera_keys": [c.key for c in self.cameras],
             "required_cameras": [c.key for c in self.cameras if c.required],
             "images_key": self.images_key,
-            "state_keys": list(self.state_keys),
+            "state_keys": [k.key for k in self.state],
             "action_dim": self.action_dim,
             **self.metadata,
         }
@@ -71,7 +88,7 @@ PRESETS: dict[str, Preset] = {
         Preset(
             "libero",
             (Camera("observation/image", 0, True), Camera("observation/wrist_image", 1, True)),
-            ("observation/state",),
+            (StateKey("observation/state", 8),),
             action_dim=7,
         ),
         Preset(
@@ -80,7 +97,7 @@ PRESETS: dict[str, Preset] = {
                 Camera("observation/exterior_image_1_left", 0, True),
                 Camera("observation/wrist_image_left", 1, True),
             ),
-            ("observation/joint_position", "observation/gripper_position"),
+            (StateKey("observation/joint_position", 7), StateKey("observation/gripper_position", 1)),
             action_dim=8,
         ),
         Preset(
@@ -90,7 +107,7 @@ PRESETS: dict[str, Preset] = {
                 Camera("cam_left_wrist", 1, False),
                 Camera("cam_right_wrist", 2, False),
             ),
-            ("state",),
+            (StateKey("state", 14),),
             action_dim=14,
             images_key="images",
             ignored_cameras=("cam_low",),
@@ -103,7 +120,7 @@ PRESETS: dict[str, Preset] = {
                 Camera("observation.images.left_wrist_0_rgb", 1, False),
                 Camera("observation.images.right_wrist_0_rgb", 2, False),
             ),
-            ("state",),
+            (StateKey("state", 32, exact=False),),
             action_dim=32,
         ),
     )
@@ -112,6 +129,8 @@ PRESETS: dict[str, Preset] = {
 
 def detect(observation: Mapping[str, Any]) -> Preset:
     """The preset whose distinctive keys the observation carries."""
+    if not all(isinstance(k, str) for k in observation):
+        raise ObservationError("observation keys must be strings")
     if isinstance(observation.get("images"), Mapping):
         return PRESETS["aloha"]
     if any(k.startswith("observation.images.") for k in observation):
@@ -145,51 +164,118 @@ def _image(key: str, value: Any) -> np.ndarray:
         value = value.transpose(1, 2, 0)
     if not 0 < min(value.shape[:2]) <= max(value.shape[:2]) <= MAX_IMAGE_SIDE:
         raise ObservationError(
-            f"camera {key!r} sides must be in 1..{MAX_IMAGE_SIDE}, got {list(value.shape)}"
+            f"camera {key!r} sides must be in 1..{MAX_IMAGE_SIDE}, got shape {list(value.shape)}"
         )
     if value.dtype == np.uint8:
         return value
-    if value.dtype.kind == "f":
-        if not np.isfinite(value).all():
-            raise ObservationError(f"camera {key!r} has non-finite pixels")
-        return (np.clip(value, 0.0, 1.0) * 255.0).astype(np.uint8)
-    raise ObservationError(f"camera {key!r} must be uint8 or float in [0, 1], got dtype {value.dtype.str}")
+    if value.dtype.kind != "f":
+        raise ObservationError(
+            f"camera {key!r} must be uint8 or float in [0, 1], got dtype {value.dtype.str}"
+        )
+    low, high = float(value.min()), float(value.max())  # NaN propagates into both
+    if not (np.isfinite(low) and np.isfinite(high)):
+        raise ObservationError(f"camera {key!r}: float pixels must be finite, got NaN or infinity")
+    if low < 0.0 or high > 1.0:
+        raise ObservationError(
+            f"camera {key!r}: float pixels must be in [0, 1], got values in [{low:g}, {high:g}]"
+        )
+    return (value * 255.0).astype(np.uint8)
+
+
+def _state_array(key: str, raw: Any) -> np.ndarray:
+    try:
+        value = np.asarray(raw)
+    except (ValueError, TypeError, OverflowError):  # ragged nested lists, unconvertible objects
+        raise ObservationError(
+            f"state {key!r} must be a numeric array, got a {type(raw).__name__} that is not one (ragged?)"
+        ) from None
+    if value.dtype.kind not in "biuf":
+        raise ObservationError(f"state {key!r} must be a numeric array, got dtype {value.dtype.str}")
+    return value
 
 
 def _state(preset: Preset, observation: Mapping[str, Any]) -> np.ndarray:
     parts = []
-    for key in preset.state_keys:
-        if key not in observation:
-            raise ObservationError(f"missing state key {key!r} (preset {preset.name})")
-        value = np.asarray(observation[key])
-        if value.dtype.kind not in "biuf":
-            raise ObservationError(f"state {key!r} must be numeric, got dtype {value.dtype.str}")
-        value = value.astype(np.float32).reshape(-1)
+    for spec in preset.state:
+        if spec.key not in observation:
+            raise ObservationError(f"missing state key {spec.key!r} (preset {preset.name})")
+        value = _state_array(spec.key, observation[spec.key])
+        scalar_ok = spec.size == 1 and value.ndim == 0
+        size_ok = value.size == spec.size if spec.exact else 1 <= value.size <= spec.size
+        if not scalar_ok and not (value.ndim == 1 and size_ok):
+            raise ObservationError(
+                f"state {spec.key!r} must have {spec.rule} (preset {preset.name}), got shape {list(value.shape)}"
+            )
+        with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf: refused below
+            value = value.astype(np.float32).reshape(-1)
         if not np.isfinite(value).all():
-            raise ObservationError(f"state {key!r} has non-finite values")
+            raise ObservationError(f"state {spec.key!r} must be finite float32 values, got NaN or infinity")
         parts.append(value)
     return np.concatenate(parts)
 
 
-def _prompt(observation: Mapping[str, Any], default: str) -> str:
-    prompt = observation.get("prompt", default)
-    if isinstance(prompt, bytes | np.bytes_):
+def _text_array(prompt: np.ndarray, max_chars: int) -> str:
+    """A 0-d ``U``/``S`` array as text, its length bounded before it is converted."""
+    chars = prompt.dtype.itemsize // (4 if prompt.dtype.kind == "U" else 1)
+    if chars > (max_chars if prompt.dtype.kind == "U" else 4 * max_chars):
+        raise ObservationError(
+            f"prompt must be at most {max_chars} characters, got a {prompt.dtype.str} array"
+        )
+    if prompt.dtype.kind == "S":
+        return prompt.item().decode("utf-8", "replace")
+    order = prompt.dtype.byteorder if prompt.dtype.byteorder in "<>" else "="
+    points = np.frombuffer(prompt.tobytes(), dtype=np.dtype(f"{order}u4"))
+    if bool(((points > 0x10FFFF) | ((points >= 0xD800) & (points <= 0xDFFF))).any()):
+        raise ObservationError(
+            "prompt must be valid Unicode text, got surrogates or code points above U+10FFFF"
+        )
+    return prompt.item()
+
+
+def check_prompt(prompt: Any, max_chars: int) -> str:
+    """The prompt as text: a str, UTF-8 bytes (invalid sequences replaced) or a 0-d ``U``/``S``
+    array, at most ``max_chars`` characters and encodable as UTF-8 (no lone surrogates)."""
+    if isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind in "US":
+        prompt = _text_array(prompt, max_chars)
+    if isinstance(prompt, bytes):  # np.bytes_ too
+        if len(prompt) > 4 * max_chars:
+            raise ObservationError(f"prompt must be at most {max_chars} characters, got {len(prompt)} bytes")
         prompt = bytes(prompt).decode("utf-8", "replace")
-    if isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind == "U":
-        prompt = str(prompt)
     if not isinstance(prompt, str):
         raise ObservationError(f"prompt must be a string, got {type(prompt).__name__}")
-    return prompt
+    if len(prompt) > max_chars:
+        raise ObservationError(f"prompt must be at most {max_chars} characters, got {len(prompt)}")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ObservationError("prompt must be valid Unicode text, got a lone surrogate") from None
+    return str(prompt)
 
 
 def canonicalize(
-    preset: Preset, observation: Mapping[str, Any], max_cameras: int, default_prompt: str
+    preset: Preset,
+    observation: Mapping[str, Any],
+    max_cameras: int,
+    default_prompt: str,
+    max_prompt_chars: int = MAX_PROMPT_CHARS,
 ) -> Canonical:
+    """Validate ``observation`` against ``preset``; the rules (each refusal names key and rule):
+
+    - cameras: ndarrays ``HxWx3`` or ``3xHxW``, sides 1..:data:`MAX_IMAGE_SIDE`, uint8, or float
+      (any width) with every pixel finite and in [0, 1]; the preset's required cameras present, at
+      least one camera, no unknown camera in a nested ``images`` map;
+    - state: each of the preset's state keys present, numeric (bool, int, uint or float: no
+      object, text, ragged or nested lists), of the preset's shape (:class:`StateKey`), finite
+      once converted to float32;
+    - prompt (default ``default_prompt``): :func:`check_prompt` with ``max_prompt_chars``.
+    """
     source = observation
     if preset.images_key is not None:
         source = observation.get(preset.images_key)
         if not isinstance(source, Mapping):
             raise ObservationError(f"{preset.images_key!r} must be a map of camera name to image")
+        if not all(isinstance(k, str) for k in source):
+            raise ObservationError(f"{preset.images_key!r} keys must be camera names (strings)")
         known = {c.key for c in preset.cameras} | set(preset.ignored_cameras)
         unknown = sorted(set(source) - known)
         if unknown:
@@ -206,4 +292,5 @@ def canonicalize(
         raise ObservationError(
             f"no camera image (preset {preset.name} reads {[c.key for c in preset.cameras]})"
         )
-    return Canonical(tuple(images), _state(preset, observation), _prompt(observation, default_prompt))
+    prompt = check_prompt(observation.get("prompt", default_prompt), max_prompt_chars)
+    return Canonical(tuple(images), _state(preset, observation), prompt)

@@ -70,8 +70,8 @@ class RTCOptions:
             return None
         if raw is True:
             return cls()
-        if not isinstance(raw, Mapping):
-            raise ObservationError("'rtc' must be true or a map of options")
+        if not isinstance(raw, Mapping) or not all(isinstance(k, str) for k in raw):
+            raise ObservationError("'rtc' must be true or a map of named options")
         unknown = sorted(
             set(raw) - {"control_hz", "executed_steps", "inference_delay", "schedule", "max_guidance_weight"}
         )
@@ -86,7 +86,7 @@ class RTCOptions:
                 isinstance(value, int) and not isinstance(value, bool) and value >= 0
             ):
                 raise ObservationError(f"rtc.{name} must be an integer >= 0")
-        if opts.schedule not in ("ones", "zeros", "linear", "exp"):
+        if not isinstance(opts.schedule, str) or opts.schedule not in ("ones", "zeros", "linear", "exp"):
             raise ObservationError("rtc.schedule must be one of ones, zeros, linear, exp")
         if not (isinstance(opts.max_guidance_weight, int | float) and 0 <= opts.max_guidance_weight <= 1e3):
             raise ObservationError("rtc.max_guidance_weight must be in [0, 1000]")

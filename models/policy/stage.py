@@ -46,7 +46,11 @@ class PolicyStage:
     """``device`` defaults to the policy's, so the engine's worker thread runs on that device's stream."""
 
     def __init__(
-        self, policy: Policy, name: str = "policy", device: str | None = None, slot_capacity: int = DEFAULT_SLOTS
+        self,
+        policy: Policy,
+        name: str = "policy",
+        device: str | None = None,
+        slot_capacity: int = DEFAULT_SLOTS,
     ) -> None:
         self.policy = policy
         self.name = name

@@ -20,9 +20,15 @@ HORIZON, ACTION_DIM, STATE_DIM, MAX_CAMERAS = 50, 32, 32, 3
 class ZerosPolicy:
     device = "cpu"  # nothing to compute: its stage never needs an accelerator
 
-    def __init__(self, preset: str | None = None, default_prompt: str = "") -> None:
+    def __init__(
+        self,
+        preset: str | None = None,
+        default_prompt: str = "",
+        max_prompt_chars: int = presets.MAX_PROMPT_CHARS,
+    ) -> None:
         self.preset = presets.PRESETS[preset] if preset else None
         self.default_prompt = default_prompt
+        self.max_prompt_chars = max_prompt_chars
         camera_source = self.preset or presets.PRESETS["pi0"]
         self.spec = PolicySpec(
             name="zeros",
@@ -41,7 +47,9 @@ class ZerosPolicy:
 
     def prepare(self, observation: Mapping[str, Any]) -> presets.Canonical:
         preset = self.preset or presets.detect(observation)
-        return presets.canonicalize(preset, observation, MAX_CAMERAS, self.default_prompt)
+        return presets.canonicalize(
+            preset, observation, MAX_CAMERAS, self.default_prompt, self.max_prompt_chars
+        )
 
     def new_state(self) -> StatelessState:
         return StatelessState()

@@ -182,7 +182,7 @@ def _without(obs: dict, key: str) -> dict:
         ({**libero(), "observation/image": np.zeros((224, 224, 3), np.int32)}, "uint8 or float"),
         ({**libero(), "observation/image": np.zeros((224, 224), np.uint8)}, "HxWx3"),
         ({**libero(), "observation/state": np.array(["a", "b"])}, "numeric"),
-        ({**libero(), "observation/state": np.array([np.nan])}, "non-finite"),
+        ({**libero(), "observation/state": np.full(8, np.nan)}, "finite"),
         ({**libero(), "prompt": 5}, "prompt"),
         ({**aloha(), "images": {"cam_low": np.zeros((3, 8, 8), np.uint8)}}, "missing camera 'cam_high'"),
         ({**aloha(), "images": {"cam_high": np.zeros((3, 8, 8), np.uint8), "cam_x": 1}}, "unknown camera"),
@@ -202,5 +202,6 @@ def test_missing_optional_cameras_are_masked_and_images_resized(policy):
     assert (batch.images[0, 1, :28] == 0).all() and batch.images[0, 1, 28:196].float().std() > 10
     # 240x320 -> 168x224, padded black top and bottom
     assert batch.token_mask.sum() == len("pick up the red block")
-    long_state = policy.collate([policy.prepare({**pi0_obs(), "state": np.ones(40, np.float32)})])
-    assert long_state.state.shape == (1, 32) and long_state.state.sum() == 32
+    short_state = policy.collate([policy.prepare({**pi0_obs(), "state": np.ones(20, np.float32)})])
+    assert short_state.state.shape == (1, 32) and short_state.state[0, :20].sum() == 20
+    assert (short_state.state[0, 20:] == 0).all()  # zero-padded to the model's state_dim
