@@ -124,10 +124,13 @@ async def test_close_fails_pending_work_and_releases_slots(registry):
     running = engine.submit("a", 0, 1)
     await asyncio.sleep(0.05)
     queued = engine.submit("a", 0, 2)
+    queued_stream = engine.stream("a", 0, 3)
     await engine.close()
     assert await running == 2  # the in-flight forward finished
     with pytest.raises(EngineClosedError):
         await queued
+    with pytest.raises(EngineClosedError):
+        await queued_stream.collect()
     assert len(engine.slots) == 0 and not engine.worker.thread.is_alive()
 
 

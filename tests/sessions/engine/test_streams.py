@@ -17,6 +17,7 @@ from sessions.engine import (
     SessionReleasedError,
     StaleEpochError,
     StallError,
+    StreamingStageEngine,
 )
 from tests.sessions.engine.conftest import metric, settled, wait_until
 from tests.sessions.engine.stages import FakeStreamStage, RecordingStage
@@ -133,8 +134,6 @@ async def test_an_abandoned_stream_aborts_its_request_and_frees_its_place(make_s
 
 
 async def test_closing_the_streaming_engine_ends_a_running_stream_typed(registry):
-    from sessions.engine import StreamingStageEngine
-
     stage = FakeStreamStage(step_s=0.01)
     engine = StreamingStageEngine(stage, registry=registry)
     await engine.open("a")
@@ -147,21 +146,6 @@ async def test_closing_the_streaming_engine_ends_a_running_stream_typed(registry
     assert released.value.reason == "shutdown" and stage.aborted == ["r"]
     with pytest.raises(EngineClosedError):
         engine.stream("a", 0, 1)
-
-
-async def test_closing_the_batched_engine_fails_a_queued_stream_typed(registry):
-    from sessions.engine import StageEngine
-
-    stage = RecordingStage(delay_s=0.2)
-    engine = StageEngine(stage, registry=registry, coalesce_window_s=0.0)
-    await engine.open("a")
-    engine.stream("a", 0, 1)
-    await wait_until(lambda: stage.items)  # in its forward now
-    queued = engine.stream("a", 0, 2)
-    await engine.close()  # waits for the forward in flight, then fails what is queued
-    assert len(stage.items) == 1 and not engine.worker.thread.is_alive()
-    with pytest.raises(EngineClosedError):
-        await queued.collect()
 
 
 async def test_a_cancel_landing_as_a_chunk_arrives_is_not_swallowed():
