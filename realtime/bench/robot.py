@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import socket
@@ -39,11 +40,11 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import yaml
 
@@ -76,9 +77,10 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> No
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} during startup")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
+        with contextlib.suppress(OSError, http.client.HTTPException):  # refused, 503 while loading
+            with urllib.request.urlopen(url, timeout=1.0) as reply:
+                if reply.status == 200:
+                    return
         time.sleep(0.1)
     raise TimeoutError(f"{url} not ready after {timeout_s:g} s")
 
@@ -211,6 +213,21 @@ def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[floa
     return len(flat) / elapsed, flat, timings
 
 
+PEER_EXTRA = "pip install 'realtime-sessions[test]' typing_extensions"
+
+
+def missing_peer() -> str | None:
+    """One line naming what this bench needs and lacks (openpi-server is the peer, openpi-client
+    the robots; both are in the ``test`` extra, and openpi-client 0.1.2 imports the undeclared
+    ``typing_extensions``), or ``None`` when everything imports."""
+    try:
+        import openpi_client.websocket_client_policy  # noqa: F401
+        import openpi_server  # noqa: F401
+    except ImportError as exc:
+        return f"realtime bench robot: needs {exc.name or 'openpi-client and openpi-server'}: {PEER_EXTRA}"
+    return None
+
+
 def _describe_device(name: str) -> str:
     import torch
 
@@ -265,6 +282,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--serve-peer", choices=["zeros", "pi0-tiny"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    missing = missing_peer()
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
     if args.serve_peer:
         return serve_peer(args.serve_peer, args.port, args.torch_threads, args.device)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
