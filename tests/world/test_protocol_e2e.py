@@ -178,7 +178,7 @@ async def test_python_client_iterates_decoded_frames_and_sends_controls(server):
                 break
         assert chunks[0].metadata["frame_count"] == len(chunks[0].frames) == 5
         assert chunks[-1].metadata["applied_event_ids"] == [sent]
-        assert chunks[-1].frames[0].shape == (64, 64, 3)
+        assert chunks[-1].frames[0].shape == (128, 128, 3)  # world-tiny: 128x128 frames
         assert [c.metadata["init_segment_bytes"] > 0 for c in chunks] == [True] + [False] * (len(chunks) - 1)
         assert all(len(c.frames) == c.metadata["frame_count"] for c in chunks)
 
