@@ -2,8 +2,8 @@
 
 Every way a session ends or restarts (reset, close, disconnect, idle/lifetime expiry, LRU
 eviction, failure cleanup, server shutdown) releases through ``LifecycleBackend.release`` — the
-one release path of architecture invariant 4. Stage engines implement it for their slot tables;
-``CompositeLifecycle`` fans one release out to several stages.
+one release path of architecture invariant 4. Every stage runner implements it (an engine for its
+slot table; a ``Pipeline`` fans one release out to all its stages).
 
 Contract: ``release`` is idempotent (releasing an unknown session is a no-op), may be slow (the
 runtime bounds it with a timeout) and raises on failure, which the runtime records as a
@@ -12,8 +12,6 @@ runtime bounds it with a timeout) and raises on failure, which the runtime recor
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
 from typing import Literal, Protocol
 
 ReleaseReason = Literal["reset", "close", "disconnect", "idle", "lifetime", "evicted", "failed", "shutdown"]
@@ -30,18 +28,3 @@ class NullLifecycle:
 
     async def release(self, session_id: str, reason: ReleaseReason) -> None:
         return None
-
-
-class CompositeLifecycle:
-    """Releases through several backends concurrently; raises the first failure after all ran."""
-
-    def __init__(self, backends: Sequence[LifecycleBackend]) -> None:
-        self.backends = tuple(backends)
-
-    async def release(self, session_id: str, reason: ReleaseReason) -> None:
-        results = await asyncio.gather(
-            *(b.release(session_id, reason) for b in self.backends), return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result

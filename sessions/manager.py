@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from prometheus_client import CollectorRegistry
 
@@ -117,7 +117,6 @@ class SessionManager:
         expiry: ExpiryPolicy | None = None,
         limits: SessionLimits | None = None,
         reducer_factory: Callable[[], ControlReducer] | None = None,
-        state_factory: Callable[[], Any] | None = None,
         request_id_factory: RequestIdFactory = default_request_id,
         session_id_factory: SessionIdFactory = new_session_id,
         registry: CollectorRegistry | None = None,
@@ -134,7 +133,6 @@ class SessionManager:
         self.expiry = expiry if expiry is not None else ExpiryPolicy()
         self._limits = limits if limits is not None else SessionLimits()
         self._reducer_factory = reducer_factory
-        self._state_factory = state_factory
         self._request_id_factory = request_id_factory
         self._session_id_factory = session_id_factory
         self._clock = clock
@@ -216,7 +214,6 @@ class SessionManager:
                 reducer=reducer if reducer is not None else self._new_reducer(),
                 limits=self._limits,
                 request_id_factory=self._request_id_factory,
-                state_factory=self._state_factory,
                 clock=self._clock,
                 on_status=self._status_changed,
                 on_tick=self._tick_finished,

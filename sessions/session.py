@@ -33,8 +33,8 @@ Contract:
 - A :class:`~sessions.errors.TransientError` from the executor (a full engine queue) is raised
   as is and does not fail the session: the work was refused before it started.
 - ``await reset()`` (ACTIVE or FAILED): bump ``epoch``, cancel an in-flight tick, discard
-  pending events (not replayed; their ids stay duplicate), clear prompt, controls and the
-  kind's ``state``, reset the reducer, restart at chunk 0, release worker state with reason
+  pending events (not replayed; their ids stay duplicate), clear prompt and controls, reset the
+  reducer, restart at chunk 0, release worker state with reason
   ``reset``. Old event ids stay duplicate or stale.
 - ``_close(reason)`` is the manager's release path (never called by kinds directly).
 
@@ -119,7 +119,6 @@ class Session:
         reducer: ControlReducer | None = None,
         limits: SessionLimits | None = None,
         request_id_factory: RequestIdFactory = default_request_id,
-        state_factory: Callable[[], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_status: StatusListener | None = None,
         on_tick: TickListener | None = None,
@@ -131,7 +130,6 @@ class Session:
         self._reducer: ControlReducer = reducer if reducer is not None else LatestWinsReducer()
         self._limits = limits = limits if limits is not None else SessionLimits()
         self._request_id_factory = request_id_factory
-        self._state_factory = state_factory
         self._clock = clock
         self._on_status = on_status
         self._on_tick = on_tick
@@ -155,8 +153,6 @@ class Session:
         self.last_active_at = self.created_at
         self.ticks_committed = 0
         self.lifetime_warned = False
-        #: Kind-owned per-session state (e.g. a robot's previous action chunk); reset re-creates it.
-        self.state: Any = state_factory() if state_factory is not None else None
         #: Called once with the seconds left before the maximum lifetime closes the session.
         self.on_lifetime_warning: Callable[[float], None] | None = None
 
@@ -473,7 +469,6 @@ class Session:
             self._prompt = None
             self._controls = {}
             self._chunk_index = 0
-            self.state = self._state_factory() if self._state_factory is not None else None
             try:
                 self._reducer.reset()
                 await self._release("reset")
@@ -528,7 +523,6 @@ class Session:
         else:
             self._pending.clear()
             self._controls = {}
-            self.state = None
             self._set_status(SessionStatus.CLOSED)
         finally:
             self._close_done.set_result(None)

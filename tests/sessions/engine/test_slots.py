@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from sessions.engine import EngineConfigError, SessionReleasedError, SlotsExhaustedError, StageEngine
-from sessions.lifecycle import CompositeLifecycle
 from tests.sessions.engine.conftest import metric
 from tests.sessions.engine.stages import PooledStateStage, RecordingStage
 
@@ -24,9 +23,8 @@ async def test_slot_bytes_return_to_zero_after_all_sessions_close(make_engine, r
         for _ in range(3):
             results = await asyncio.gather(*(engine.submit(sid, 0, 1) for sid in "abc"))
         assert results == [48.0, 48.0, 48.0]  # 16 columns x 3 ticks
-        lifecycle = CompositeLifecycle([engine])
         for sid in "abc":
-            await lifecycle.release(sid, "close")
+            await engine.release(sid, "close")
         assert engine.slots.bytes_in_use == 0 and len(engine.slots) == 0
         assert metric(registry, "engine_slot_bytes", stage="pooled") == 0
         assert metric(registry, "engine_slots_open", stage="pooled") == 0

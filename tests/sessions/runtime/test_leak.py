@@ -34,7 +34,7 @@ async def test_ten_thousand_cycles_leave_no_sessions_tasks_or_tombstones():
             else:
                 ticks.append((await session.next_tick()).value)
 
-        runner = SessionRunner(handle, mailbox_size=4, epoch_source=lambda s=session: s.epoch)
+        runner = SessionRunner(handle, mailbox_size=4)
         runner.start()
         runner.submit("event")
         runner.submit("tick")

@@ -7,9 +7,7 @@ import asyncio
 import pytest
 
 from sessions.errors import MailboxFullError
-from sessions.runner import SessionRunner, TrackedTasks
-
-from .fakes import ScriptedExecutor, make_session
+from sessions.runner import SessionRunner
 
 
 async def test_mailbox_items_are_handled_one_at_a_time_in_order():
@@ -50,68 +48,17 @@ async def test_full_mailbox_raises_and_handler_errors_do_not_stop_the_runner():
     assert errors == [(1, "bad command")]
 
 
-async def test_tracked_task_result_is_dropped_after_the_epoch_moves():
-    session = make_session(ScriptedExecutor())
-    tasks = TrackedTasks(lambda: session.epoch)
-    gate = asyncio.Event()
-    results: list[str] = []
-
-    async def slow(fence):
-        await gate.wait()
-        return "stale"
-
-    async def checking(fence):
-        await gate.wait()
-        fence.check()
-        results.append("not reached")
-
-    tasks.spawn(slow, on_result=results.append)
-    tasks.spawn(checking)
-    await session.reset()  # bumps the epoch
-    gate.set()
-    await asyncio.sleep(0.01)
-    assert results == [] and tasks.dropped == 2 and len(tasks) == 0
-
-    done = tasks.spawn(lambda fence: asyncio.sleep(0, "fresh"), on_result=results.append)
-    await done
-    assert results == ["fresh"]
-
-
-async def test_tracked_task_failures_reach_on_error_unless_stale():
-    epoch = 0
-    tasks = TrackedTasks(lambda: epoch)
-    errors: list[BaseException] = []
-
-    async def boom(fence):
-        raise RuntimeError("decode failed")
-
-    await tasks.spawn(boom, on_error=errors.append)
-    assert [str(e) for e in errors] == ["decode failed"]
-    gate = asyncio.Event()
-
-    async def late_boom(fence):
-        await gate.wait()
-        raise RuntimeError("late")
-
-    task = tasks.spawn(late_boom, on_error=errors.append)
-    epoch = 1
-    gate.set()
-    await task
-    assert len(errors) == 1 and tasks.dropped == 1
-
-
-async def test_stop_and_cancel_leave_no_tasks():
+async def test_cancel_stops_a_busy_runner_and_drops_queued_items():
     async def handle(item):
         await asyncio.sleep(10)
 
     runner = SessionRunner(handle, mailbox_size=4)
     runner.start()
     runner.submit(1)
-    runner.tasks.spawn(lambda fence: asyncio.sleep(10))
+    runner.submit(2)
     await asyncio.sleep(0)
-    assert len(runner.tasks) == 1
     await runner.cancel()
-    assert len(runner.tasks) == 0 and runner.pending == 0
+    assert runner.pending == 1 and runner._task is None  # item 2 was never handled
 
 
 async def test_put_waits_for_room_and_post_goes_past_the_bound():
