@@ -62,6 +62,8 @@ OFFLOAD_DECODE_BYTES = 1 << 20
 MALLOC_MMAP_THRESHOLD_BYTES = 8 << 20
 MALLOC_TRIM_THRESHOLD_BYTES = 64 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+
+
 def resolve_device(name: str) -> str:
     """``robot.device`` -> a torch device string: ``auto`` is ``cuda:<current>`` when CUDA is
     available, else ``cpu``; ``cuda`` without a usable device raises a one-line RuntimeError."""
@@ -87,13 +89,11 @@ def keep_frame_buffers() -> bool:
 def build_policy(config: RobotConfig) -> Policy:
     """The policy ``robot.policy`` names, with its observation preset, seed and device."""
     preset = None if config.observation_preset == "auto" else config.observation_preset
+    limits = {"default_prompt": config.default_prompt, "max_prompt_chars": config.max_prompt_chars}
     if config.policy == "zeros":
-        return ZerosPolicy(preset=preset, default_prompt=config.default_prompt)
+        return ZerosPolicy(preset=preset, **limits)
     return Pi0TinyPolicy(
-        Pi0TinyConfig(seed=config.seed),
-        preset=preset,
-        default_prompt=config.default_prompt,
-        device=resolve_device(config.device),
+        Pi0TinyConfig(seed=config.seed), preset=preset, device=resolve_device(config.device), **limits
     )
 
 
@@ -159,7 +159,10 @@ class RobotService:
         assert self.policy is not None, "load() runs before start()"
         stage = PolicyStage(self.policy, name="robot-policy")
         self.engine = StageEngine(
-            stage, registry=self.ctx.registry, max_batch=cfg.max_batch, coalesce_window_s=cfg.coalesce_window_s
+            stage,
+            registry=self.ctx.registry,
+            max_batch=cfg.max_batch,
+            coalesce_window_s=cfg.coalesce_window_s,
         )
         self.manager = build_session_manager(
             self.name,
@@ -188,7 +191,12 @@ class RobotService:
             self.ctx,
             self.name,
             lambda: run_connection(
-                websocket, self.ctx, self.name, handler, self.manager, idle_timeout_s=self.config.idle_timeout_s
+                websocket,
+                self.ctx,
+                self.name,
+                handler,
+                self.manager,
+                idle_timeout_s=self.config.idle_timeout_s,
             ),
         )
 
@@ -207,7 +215,9 @@ class _RobotHandler:
         self.service = service
         cfg = service.config
         self.codec = openpi.ServerConnection(
-            max_message_bytes=cfg.max_message_bytes, error_mode=cfg.error_mode, max_prompt_chars=cfg.max_prompt_chars
+            max_message_bytes=cfg.max_message_bytes,
+            error_mode=cfg.error_mode,
+            max_prompt_chars=cfg.max_prompt_chars,
         )
         self.episode: str | None = None
         self.prev_total_ms: float | None = None
@@ -238,7 +248,11 @@ class _RobotHandler:
         self.prev_total_ms = (time.perf_counter() - received_at) * 1000.0
 
     async def session_ended(self, conn: Connection, reason: str) -> Close:
-        return Close(reason) if reason in ("idle", "lifetime", "evicted", "shutdown") else Close("closed", reason)
+        return (
+            Close(reason)
+            if reason in ("idle", "lifetime", "evicted", "shutdown")
+            else Close("closed", reason)
+        )
 
     async def _reply(self, conn: Connection, cmd: openpi.Command, received_at: float) -> openpi.Reply:
         manager, policy, session = self.service.manager, self.service.policy, conn.session

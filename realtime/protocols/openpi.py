@@ -48,6 +48,9 @@ from typing import Any, Literal
 import msgpack
 import numpy as np
 
+from models.policy.interface import ObservationError
+from models.policy.presets import check_prompt
+
 PROTOCOL = "openpi"
 PROTOCOL_VERSION = "0.1"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -412,24 +415,18 @@ def _reason(message: str) -> str:
 
 
 def _prompt_problem(prompt: Any, max_chars: int) -> str | None:
-    """Why an observation's ``prompt`` is refused here (too long, not encodable), else ``None``.
+    """Why an observation's text ``prompt`` is refused (too long, not encodable), else ``None``:
+    the policy's own rule (``models.policy.presets.check_prompt``), applied before any session work.
 
     Other shapes (not text at all) are left to the policy's ``prepare``, which names the rule.
     """
-    if isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind in "US":
-        chars = prompt.dtype.itemsize // (4 if prompt.dtype.kind == "U" else 1)
-        if chars > max_chars * (1 if prompt.dtype.kind == "U" else 4):
-            return f"prompt must be at most {max_chars} characters"
-        prompt = prompt.item()
-    if isinstance(prompt, bytes) and len(prompt) > 4 * max_chars:
-        return f"prompt must be at most {max_chars} characters"
-    if isinstance(prompt, str):
-        if len(prompt) > max_chars:
-            return f"prompt must be at most {max_chars} characters, got {len(prompt)}"
-        try:
-            prompt.encode("utf-8")
-        except UnicodeEncodeError:
-            return "prompt must be valid Unicode text (no lone surrogates)"
+    text_array = isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind in "US"
+    if not (text_array or isinstance(prompt, str | bytes)):
+        return None
+    try:
+        check_prompt(prompt, max_chars)
+    except ObservationError as exc:
+        return str(exc)
     return None
 
 
