@@ -1,7 +1,9 @@
 """Chunks and the bounded async channels that carry them between stages and to sessions.
 
 A :class:`Chunk` is ``(session_id, epoch, seq, payload, final)``: ``seq`` is contiguous from 0
-within one stream, ``final`` marks its last chunk. Every channel is bounded; what happens when
+within one stream. A batched engine's stream is one chunk with ``final`` set; a streaming
+stage's and a pipeline's streams end when their channel closes (their chunks are never
+``final``: the last one is known only once the stage stops). Every channel is bounded; what happens when
 it is full is the stream kind's :data:`BackpressurePolicy`:
 
 - ``"block"``: the producer waits for room. An engine does not schedule a streaming item whose

@@ -195,6 +195,7 @@ class StageEngine:
         self._idle: asyncio.Future | None = None  # made by close(): resolved once those outputs are out
         self._closed = False
         self._bisections = 0  # forwards re-run in halves after raising (batch isolation)
+        self._silence_turn = 0  # where the next frame-clock step starts among silent sessions
         m = engine_metrics(registry)
         self._m_batch = m.batch_size.labels(stage=self.name)
         me = weakref.ref(self)  # read at scrape time; the registry must not keep the engine alive
@@ -497,9 +498,12 @@ class StageEngine:
             self._timer = loop.call_at(decision, self._dispatch)
             return
         batch = self._take(ready[: self.max_batch])
-        if policy.silence is not None:
+        if policy.silence is not None and idle:
+            # Beyond max_batch, silent sessions take turns (a rotating start), so none starves.
             room = self.max_batch - len(batch)
-            for session_id in idle[:room]:
+            start = self._silence_turn % len(idle)
+            self._silence_turn += room
+            for session_id in (idle[start:] + idle[:start])[:room]:
                 batch.append(self._silent_work(session_id, loop.time()))
         if not batch:
             self._kick_later()

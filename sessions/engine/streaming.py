@@ -33,6 +33,7 @@ from sessions.engine.channels import BackpressurePolicy, Channel, Chunk, check_c
 from sessions.engine.engine import DEFAULT_MAX_SESSIONS, check_stall_timeout
 from sessions.engine.errors import (
     EngineClosedError,
+    EngineConfigError,
     EngineError,
     QueueFullError,
     SessionNotOpenError,
@@ -92,8 +93,13 @@ class StreamingStageEngine:
         check_capacity("max_pending", max_pending)
         check_capacity("stream_buffer", stream_buffer)
         check_policy(backpressure)
-        capacity = max_sessions or getattr(stage, "slot_capacity", DEFAULT_MAX_SESSIONS)
+        stage_capacity = getattr(stage, "slot_capacity", None)
+        capacity = max_sessions if max_sessions is not None else (stage_capacity or DEFAULT_MAX_SESSIONS)
         check_capacity("max_sessions", capacity)
+        if stage_capacity is not None and capacity > stage_capacity:
+            raise EngineConfigError(
+                f"max_sessions {capacity} exceeds stage {stage.name!r} slot_capacity {stage_capacity}"
+            )
         self.stage = stage
         self.name = stage.name
         self.max_pending = max_pending

@@ -1,6 +1,6 @@
 """``ChunkStream``: the consumer's async iterator over one request's chunks.
 
-It ends after the chunk with ``final=True``. It enforces the stall deadline between chunks:
+It ends after a chunk with ``final=True`` or when its channel closes cleanly. It enforces the stall deadline between chunks:
 while the consumer waits, if no chunk arrives within ``stall_timeout_s`` of starting to wait,
 the stream fails with :class:`StallError` and its remaining work is cancelled. The deadline
 measures the producer only: time the consumer spends away from the stream (a slow reader under

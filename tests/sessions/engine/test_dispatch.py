@@ -111,3 +111,15 @@ async def test_the_clock_stops_when_no_session_is_open_and_restarts_on_open(make
 def test_a_bad_period_is_rejected(period):
     with pytest.raises(EngineConfigError, match="period_s"):
         FrameClock(period, silence=lambda _sid: SILENCE, on_output=lambda _sid, _out: None)
+
+
+async def test_beyond_max_batch_silent_sessions_take_turns_and_none_starves(make_engine):
+    policy, heard = clock(0.02)
+    stage = RecordingStage("duplex")
+    async with make_engine(stage, dispatch=policy, max_batch=2) as engine:
+        for sid in "abc":
+            await engine.open(sid)
+        await wait_until(lambda: len(stage.items) >= 9)
+    stepped = [item.session_id for batch in stage.items[:9] for item in batch]
+    assert all(len(batch) == 2 for batch in stage.items[:9])
+    assert {sid: stepped.count(sid) for sid in "abc"} == {"a": 6, "b": 6, "c": 6}  # 18 steps, fair
