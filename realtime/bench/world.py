@@ -6,13 +6,18 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
 1. tick latency (denoise passes + clean pass, one session) at blocks 5 and 100 with the resident
    KV pool, against a recompute-the-window baseline that rebuilds the sink + window context from
    clean latents every step (Krea-style ``do_kv_recomp``; cost of one block at block 100);
-2. aggregate fps (decoded frames per second) for 1, 2, 4, 8 sessions ticking through the stage
-   engine: batched (one forward per tick of all sessions) vs time-sliced (``max_batch=1``, one
-   session per forward, as vllm-omni's single-request AR runner);
-3. continuous-play ratio when paced at ``--fps``: the share of blocks (one session) ready before
+2. aggregate fps (frames decoded and JPEG-encoded per second) for 1, 2, 4, 8 sessions ticking
+   through the world kind's pipeline (DiT block -> decode -> encode engines): batched (one forward
+   per stage for all sessions' blocks) vs time-sliced (``max_batch=1``, one session per forward,
+   as vllm-omni's single-request AR runner);
+3. pipeline overlap, one session: the next block submitted as soon as the DiT stage returned (the
+   world kind's generate-ahead: decode and encode of block k overlap the denoising of k + 1) vs
+   block by block;
+4. continuous-play ratio when paced at ``--fps``: the share of blocks (one session) ready before
    the media clock needs them.
 
-Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``.
+Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``,
+``pipeline_overlap_ratio``.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from prometheus_client import CollectorRegistry
 from models.world.configs import CONFIGS, WEIGHTS_DIR
 from models.world.model import WorldModel, WorldTick, tokenize
 from models.world.sampler import BlockRequest, recompute_generate
-from models.world.stage import WorldStage, WorldStageInput
-from sessions.engine import StageEngine
+from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
+from realtime.media.stage import MediaEncodeStage, MediaSettings
+from sessions.engine import Pipeline, StageEngine
 
 
 def _act(i: int) -> torch.Tensor:
@@ -93,38 +99,67 @@ def tick_latency(args) -> dict[str, float]:
     }
 
 
-async def _engine_fps(args, sessions: int, max_batch: int) -> float:
-    model = _build(args, sessions)
-    engine = StageEngine(
-        WorldStage(model, device=args.device),
-        registry=CollectorRegistry(),
-        max_batch=max_batch,
-        coalesce_window_s=0.05,
+def _pipeline(args, model: WorldModel, max_batch: int) -> Pipeline:
+    """The world kind's pipeline: DiT block -> decode -> JPEG encode, one engine each."""
+    registry = CollectorRegistry()
+    stages = (
+        WorldBlockStage(model, device=args.device),
+        WorldDecodeStage(model, device=args.device),
+        MediaEncodeStage(model.pool.slots),
     )
+    engines = [StageEngine(s, registry=registry, max_batch=max_batch, coalesce_window_s=0.05) for s in stages]
+    return Pipeline(engines, registry=registry, channel_size=3)
+
+
+def _input(sid: str, i: int, block: int) -> WorldBlockInput:
+    return WorldBlockInput(WorldTick(sid, block, "stone", _act(block + i)), i, MediaSettings("jpeg", 16))
+
+
+async def _pipeline_fps(args, sessions: int, max_batch: int, ahead: int = 1) -> float:
+    """Decoded + encoded frames per second of ``sessions`` sessions through the pipeline.
+
+    ``ahead`` = 1: each session waits for a block's media before submitting the next (no overlap
+    inside a session); 2: the next block is submitted once the DiT stage returned (the world
+    kind's generate-ahead), so decode and encode of block k overlap the denoising of k + 1.
+    """
+    model = _build(args, sessions)
+    pipeline = _pipeline(args, model, max_batch)
     ids = [f"s{i}" for i in range(sessions)]
     for sid in ids:
-        await engine.open(sid)
+        await pipeline.open(sid)
+    total = args.warmup + args.ticks
+    counted = {"frames": 0, "t0": 0.0}
 
-    async def tick(i: int, sid: str, block: int) -> int:
-        out = await engine.submit(sid, 0, WorldStageInput(WorldTick(sid, block, "stone", _act(block + i)), i))
-        return out.frames.shape[0]
+    async def session(i: int, sid: str) -> None:
+        tails: list[tuple[int, asyncio.Future]] = []
+        for b in range(total):
+            if i == 0 and b == args.warmup:  # the measured window starts with block ``warmup``
+                _sync(args.device)
+                counted["t0"] = time.perf_counter()
+            tails.append((b, (await pipeline.submit(sid, 0, _input(sid, i, b))).tail))
+            while len(tails) >= ahead or (b == total - 1 and tails):
+                block, tail = tails.pop(0)
+                media = await tail
+                if block >= args.warmup:
+                    counted["frames"] += media.frame_count
 
-    frames, t0 = 0, 0.0
-    for b in range(args.warmup + args.ticks):
-        if b == args.warmup:
-            _sync(args.device)
-            frames, t0 = 0, time.perf_counter()
-        frames += sum(await asyncio.gather(*(tick(i, sid, b) for i, sid in enumerate(ids))))
+    await asyncio.gather(*(session(i, sid) for i, sid in enumerate(ids)))
     _sync(args.device)
-    fps = frames / (time.perf_counter() - t0)
-    await engine.close()
+    fps = counted["frames"] / (time.perf_counter() - counted["t0"])
+    await pipeline.close()
     return fps
 
 
 def aggregate_fps(args, sessions: int, batched: bool) -> float:
-    """Decoded frames per second of ``sessions`` sessions ticking through the stage engine,
-    batched (``max_batch = sessions``) or time-sliced (``max_batch = 1``)."""
-    return asyncio.run(_engine_fps(args, sessions, sessions if batched else 1))
+    """Frames per second of ``sessions`` sessions ticking through the world pipeline, generating
+    one block ahead as the world kind does, batched (``max_batch = sessions`` in every stage) or
+    time-sliced (``max_batch = 1``)."""
+    return asyncio.run(_pipeline_fps(args, sessions, sessions if batched else 1, ahead=2))
+
+
+def overlap_fps(args) -> tuple[float, float]:
+    """One session: (fps with the next block submitted after the DiT stage, fps block by block)."""
+    return asyncio.run(_pipeline_fps(args, 1, 1, ahead=2)), asyncio.run(_pipeline_fps(args, 1, 1, ahead=1))
 
 
 def continuous_play(args) -> float:
@@ -169,12 +204,16 @@ def main(argv: list[str]) -> int:
             bf, sf = aggregate_fps(args, n, True), aggregate_fps(args, n, False)
             ratios[n] = bf / sf
             print(f"{n:>8} {bf:>12.1f} {sf:>11.1f} {ratios[n]:>6.2f}")
+        overlapped, serial = overlap_fps(args)
+        print(f"pipeline overlap, 1 session: {overlapped:.1f} fps generating ahead vs {serial:.1f} fps "
+              f"block by block (x{overlapped / serial:.2f})")  # fmt: skip
         play = continuous_play(args)
         print(f"continuous-play ratio paced at {args.fps} fps (1 session): {play:.2f}")
     print(json.dumps({
         "tick_ratio_100_vs_5": round(lat["resident_ms_100"] / lat["resident_ms_5"], 3),
         "recompute_ratio_100": round(lat["recompute_ms_100"] / lat["resident_ms_100"], 3),
         "batched_vs_sliced_4": round(ratios[4], 3),
+        "pipeline_overlap_ratio": round(overlapped / serial, 3),
         "continuous_play_ratio": round(play, 3),
         "device": args.device,
         "model": args.model,
