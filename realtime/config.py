@@ -150,6 +150,8 @@ class WorldConfig:
     max_ahead_blocks: PositiveInt = 2
     jpeg_quality: JpegQuality = 85
     max_message_bytes: PositiveInt = 65536
+    compute_admission: bool = True
+    compute_utilisation: Fraction = 0.8
     max_prompt_chars: PositiveInt = 2000
 
     def validate(self, path: str) -> None:

@@ -14,6 +14,10 @@ Then, exactly as vllm-omni's AR-diffusion runner::
 :func:`plan_capacity` raises :class:`CapacityError` naming both byte counts when
 ``required(1) > available`` (not even one session fits the memory actually there).
 
+:func:`paced_capacity` is the compute side (issue: memory alone admitted 256 world sessions on two
+cores, each then ran at an eighth of real time): from the measured step time at each batch size,
+how many paced sessions keep their rate; :func:`with_compute_limit` caps a memory plan by it.
+
 :func:`available_memory_bytes` measures free device memory: ``torch.cuda.mem_get_info`` on a
 CUDA device, ``MemAvailable`` of ``/proc/meminfo`` (or ``sysconf``) on the CPU. Kinds measure
 it after loading their models, so earlier kinds' preallocated pools are already deducted.
@@ -21,7 +25,10 @@ it after loading their models, so earlier kinds' preallocated pools are already 
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sessions.errors import CapacityError
@@ -65,7 +72,8 @@ class CapacityPlan:
     required_one_bytes: int
     per_session_bytes: int
     scratch_bytes: int
-    limited_by: str  # "memory", "model" or "config"
+    limited_by: str  # "memory", "model", "config" or "compute"
+    compute_capacity: int | None = None  # paced sessions the device keeps at their rate (None: not planned)
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -118,6 +126,51 @@ def plan_capacity(
         scratch_bytes=declaration.scratch_bytes,
         limited_by=limited_by,
     )
+
+
+def paced_capacity(step_seconds: Mapping[int, float], period_s: float, max_batch: int, utilisation: float) -> int:
+    """How many paced sessions a stage keeps at their rate (architecture invariant 7, for compute).
+
+    Every paced session needs one step per ``period_s`` (a world block: frames per block / fps).
+    With ``n`` sessions and batches of at most ``B = max_batch``, one period runs
+    ``ceil(n / B)`` forwards of ``min(n, B)`` items, so ``n`` is admitted while::
+
+        ceil(n / B) * t(min(n, B)) <= utilisation * period_s
+
+    ``t(b)`` is the measured time of one step at batch ``b`` (``step_seconds``, linearly
+    interpolated between the measured sizes, extrapolated from the last two above them). The
+    answer is at least 1 (one session is always admitted; whether it keeps pace is the model's).
+    """
+    if not step_seconds:
+        raise ValueError("step_seconds needs at least one measured batch size")
+    sizes = sorted(step_seconds)
+
+    def t(b: int) -> float:
+        if b in step_seconds:
+            return step_seconds[b]
+        lo = max([s for s in sizes if s < b], default=sizes[0])
+        hi = min([s for s in sizes if s > b], default=None)
+        if hi is None:  # beyond the largest measured size: extend the last slope
+            if len(sizes) == 1:
+                return step_seconds[lo] * b / lo
+            lo, hi = sizes[-2], sizes[-1]
+        slope = (step_seconds[hi] - step_seconds[lo]) / (hi - lo)
+        return step_seconds[lo] + slope * (b - lo)
+
+    budget = utilisation * period_s
+    n = 1
+    while n < 100_000 and math.ceil((n + 1) / max_batch) * t(min(n + 1, max_batch)) <= budget:
+        n += 1
+    return n
+
+
+def with_compute_limit(plan: CapacityPlan, compute_capacity: int) -> CapacityPlan:
+    """``plan`` capped by what the device can keep at pace (``limited_by="compute"`` if lower)."""
+    if compute_capacity < plan.capacity:
+        return dataclasses.replace(
+            plan, capacity=compute_capacity, limited_by="compute", compute_capacity=compute_capacity
+        )
+    return dataclasses.replace(plan, compute_capacity=compute_capacity)
 
 
 def available_memory_bytes(device: str = "cpu") -> int:

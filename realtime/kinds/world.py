@@ -50,7 +50,7 @@ from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_d
 from realtime.media.stage import EncodedMedia, MediaEncodeStage, MediaSettings
 from realtime.protocols import world as proto
 from realtime.ws import serve_websocket
-from sessions.capacity import CapacityPlan, MemoryDeclaration
+from sessions.capacity import CapacityPlan, MemoryDeclaration, paced_capacity, with_compute_limit
 from sessions.engine import Pipeline, PipelineResult, StageEngine
 from sessions.errors import SessionError, TickSupersededError
 from sessions.executor import StageExecutor
@@ -98,6 +98,7 @@ class WorldService:
         self.config = ctx.config.world
         self.model: WorldModel | None = None
         self.plan: CapacityPlan | None = None
+        self.step_seconds: dict[int, float] = {}
         self.pipeline: Pipeline | None = None
         self.manager: SessionManager | None = None
         self.errors = Counter(
@@ -156,12 +157,20 @@ class WorldService:
         self.model = WorldModel.build(
             cfg, slots=self.plan.capacity, weights=weights, device=wc.device, dtype=_DTYPES[wc.dtype]
         )
-        progress("warm up", 2, 3)
-        self.model.open("warmup", seed=0)
-        try:
-            self.model.step([WorldTick("warmup", 0, None, torch.zeros(cfg.action_dim))])
-        finally:
-            self.model.release("warmup")
+        progress("warm up and time steps", 2, 3)
+        self.step_seconds = measure_step_seconds(self.model, wc.max_batch)
+        if wc.compute_admission:
+            period_s = cfg.frames_for_block(False) / wc.fps
+            paced = paced_capacity(self.step_seconds, period_s, wc.max_batch, wc.compute_utilisation)
+            self.plan = with_compute_limit(self.plan, paced)
+        log.info(
+            "world capacity planned",
+            extra={
+                "capacity": self.plan.capacity,
+                "limited_by": self.plan.limited_by,
+                "paced": self.plan.compute_capacity,
+            },
+        )
         progress("ready", 3, 3)
 
     async def start(self) -> None:
@@ -213,6 +222,29 @@ class WorldService:
             self.name,
             lambda: run_connection(websocket, self.ctx, self.name, handler, self.manager),
         )
+
+
+def measure_step_seconds(model: WorldModel, max_batch: int, reps: int = 2) -> dict[int, float]:
+    """Seconds of one steady-state block step (DiT + decode) at batch 1, 2, 4, ... up to
+    ``max_batch`` (and the pool's slots): the compute side of admission. Warms the model up too."""
+    sizes = sorted({min(b, max_batch, model.pool.slots) for b in (1, 2, 4, 8, 16, 32, 64, max_batch)})
+    action = torch.zeros(model.cfg.action_dim)
+    seconds: dict[int, float] = {}
+    for b in sizes:
+        ids = [f"probe-{i}" for i in range(b)]
+        for sid in ids:
+            model.open(sid, seed=0)
+        try:
+            times = []
+            for block in range(1 + reps):  # block 0 is shorter and warms up; time the later ones
+                t0 = time.perf_counter()
+                model.step([WorldTick(sid, block, None, action) for sid in ids])
+                times.append(time.perf_counter() - t0)
+            seconds[b] = min(times[1:])
+        finally:
+            for sid in ids:
+                model.release(sid)
+    return seconds
 
 
 def world_declaration(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> MemoryDeclaration:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sessions.capacity import MemoryDeclaration, available_memory_bytes, plan_capacity
+from sessions.capacity import (
+    MemoryDeclaration,
+    available_memory_bytes,
+    paced_capacity,
+    plan_capacity,
+    with_compute_limit,
+)
 from sessions.errors import CapacityError
 
 # The tiny geometry of the reference tests: 8-byte pages; a session keeps 6 pages plus a
@@ -86,3 +92,26 @@ def test_declarations_are_validated(bad):
 
 def test_available_cpu_memory_is_measured():
     assert available_memory_bytes("cpu") > 0
+
+
+def test_paced_capacity_admits_while_the_steps_of_one_period_fit_its_budget():
+    steps = {1: 0.05, 2: 0.08, 4: 0.16, 8: 0.32}
+    # n <= max_batch: one forward of n items per period; budget 0.8 * 0.5 = 0.4 s
+    assert paced_capacity(steps, period_s=0.5, max_batch=8, utilisation=0.8) == 8
+    # beyond max_batch: ceil(n / B) forwards of B items: 3 * t(4) = 0.48 > 0.4, so 8 fit, not 9
+    assert paced_capacity(steps, period_s=0.5, max_batch=4, utilisation=0.8) == 8
+    # between measured sizes the step time is interpolated: t(3) = 0.12 fits 0.125, t(4) does not
+    assert paced_capacity(steps, period_s=0.125, max_batch=8, utilisation=1.0) == 3
+    # beyond the largest measured size the last slope extends: t(12) = 0.48
+    assert paced_capacity(steps, period_s=0.5, max_batch=16, utilisation=0.96) == 12
+    # a device too slow for even one session still admits one
+    assert paced_capacity({1: 2.0}, period_s=0.5, max_batch=8, utilisation=0.8) == 1
+
+
+def test_a_compute_limit_caps_the_memory_plan_and_says_so():
+    plan = plan_capacity(MemoryDeclaration(100), available_bytes=10_000, fraction=1.0)
+    assert plan.capacity == 100 and plan.limited_by == "memory"
+    capped = with_compute_limit(plan, 7)
+    assert (capped.capacity, capped.limited_by, capped.compute_capacity) == (7, "compute", 7)
+    roomy = with_compute_limit(plan, 500)
+    assert (roomy.capacity, roomy.limited_by, roomy.compute_capacity) == (100, "memory", 500)
