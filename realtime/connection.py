@@ -276,6 +276,7 @@ class Connection:
             max_items=max_outbound_items,
             max_bytes=max_outbound_bytes,
             current_epoch=lambda: self.epoch,
+            direct=handler.inline,
         )
         self.start_timeout_s = start_timeout_s
         self._close_fields = {
