@@ -1,13 +1,22 @@
 """Dispatch policies: when a :class:`~sessions.engine.engine.StageEngine` runs its next batch.
 
 The engine asks its policy only while no forward runs, so work that arrives during a forward joins
-the next batch. Two policies:
+the next batch. It also tells the policy of every item it queues (``arrived``) and of every
+session it releases (``forget``), so a policy may learn each session's arrival pattern. Three
+policies:
 
 - :class:`Coalescing` (request-driven kinds: robots, world blocks): run at once when ``max_batch``
   sessions have ready work, or when at most ``eager_remaining`` open sessions have nothing pending
   (waiting cannot grow the batch), or when the window is 0; otherwise wait until the oldest ready
   item's arrival + ``window_s``. The deadline belongs to that item: later arrivals join the batch
   but never extend the wait.
+- :class:`ArrivalAware` (robots, the default of the robot kind): the coalescing window, but an
+  idle session counts as "could still join" only when its arrival pattern predicts it: its next
+  arrival (last arrival + its typical interval, the median of its last :data:`HISTORY`
+  inter-arrival times) falls before the window's deadline, and it has not been silent for more
+  than ``idle_after`` typical intervals. A connected robot that paused (between episodes, at a
+  breakpoint) therefore costs the others nothing, while robots that send together still batch
+  whole. With no idle session predicted, the batch runs at once.
 - :class:`FrameClock` (full-duplex voice): the server clock drives steps, not input arrival. Every
   ``period_s`` every open session steps together in one batch; a session with nothing pending
   steps on ``silence(session_id)`` (counted in ``silent_steps``) and its output goes to
@@ -18,6 +27,8 @@ the next batch. Two policies:
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,6 +45,7 @@ class SessionView:
     idle_sessions: int  # open sessions with nothing pending
     oldest_arrival: float | None  # arrival time of the oldest ready item
     max_batch: int
+    idle_ids: tuple[str, ...] = ()  # the ids of those idle sessions (policies that learn per session)
 
 
 class DispatchPolicy(Protocol):
@@ -50,6 +62,14 @@ class DispatchPolicy(Protocol):
 
     def on_silence_output(self, session_id: str, output: Any) -> None:
         """Output of a step run on silence (frame clocks only)."""
+        ...
+
+    def arrived(self, session_id: str, now: float) -> None:
+        """An item of ``session_id`` was queued at loop time ``now`` (before the engine decides)."""
+        ...
+
+    def forget(self, session_id: str) -> None:
+        """``session_id`` was released: drop whatever the policy keeps about it."""
         ...
 
 
@@ -82,6 +102,90 @@ class Coalescing:
 
     def on_silence_output(self, session_id: str, output: Any) -> None:  # never called: no silence
         raise AssertionError("coalescing steps no silent sessions")
+
+    def arrived(self, session_id: str, now: float) -> None:
+        return None  # the window does not depend on who sends
+
+    def forget(self, session_id: str) -> None:
+        return None
+
+
+# Inter-arrival times kept per session. Their median is the session's typical interval: one
+# pause is an outlier it ignores, and a lasting change of rate wins after about HISTORY / 2 arrivals.
+HISTORY = 8
+
+
+@dataclass(slots=True)
+class _Pattern:
+    """One session's arrivals: the last one and the latest inter-arrival times."""
+
+    last: float
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    typical: float | None = None  # median of ``intervals``; None until a second arrival
+
+
+class ArrivalAware:
+    """The coalescing window, waiting only for sessions predicted to join (see the module docstring).
+
+    ``idle_after`` (>= 1): a session silent for more than this many typical intervals has paused
+    and is not waited for. A session with one arrival so far has the window as its typical
+    interval; one that never sent is never waited for. Per-session state is one small record
+    per open session, dropped by ``forget``.
+    """
+
+    silence = None
+
+    def __init__(self, window_s: float = 0.010, idle_after: float = 3.0) -> None:
+        self.window_s = _finite_non_negative("coalesce_window_s", window_s)
+        if _finite_non_negative("idle_after", idle_after) < 1:
+            raise EngineConfigError(f"idle_after must be >= 1 (typical intervals), got {idle_after!r}")
+        self.idle_after = float(idle_after)
+        self._patterns: dict[str, _Pattern] = {}
+
+    def arrived(self, session_id: str, now: float) -> None:
+        pattern = self._patterns.get(session_id)
+        if pattern is None:
+            self._patterns[session_id] = _Pattern(now)
+            return
+        pattern.intervals.append(now - pattern.last)
+        pattern.last = now
+        pattern.typical = statistics.median(pattern.intervals)
+
+    def forget(self, session_id: str) -> None:
+        self._patterns.pop(session_id, None)
+
+    def expected(self, view: SessionView, deadline: float) -> tuple[int, float]:
+        """Idle sessions predicted to arrive by ``deadline``, and the earliest time one of them stops
+        being expected (it has then been silent for ``idle_after`` typical intervals)."""
+        count, until = 0, deadline
+        for session_id in view.idle_ids:
+            pattern = self._patterns.get(session_id)
+            if pattern is None:
+                continue
+            typical = self.window_s if pattern.typical is None else pattern.typical
+            gives_up = pattern.last + self.idle_after * typical
+            if pattern.last + typical <= deadline and view.now < gives_up:
+                count += 1
+                until = min(until, gives_up)
+        return count, until
+
+    def run_at_submit(self, view: SessionView) -> bool:
+        if view.ready >= view.max_batch or self.window_s == 0:
+            return True
+        # The new item's deadline; an older ready item's is earlier, which can only over-count
+        # here: then the engine's next decide() rules with the exact one.
+        return self.expected(view, view.now + self.window_s)[0] == 0
+
+    def decide(self, view: SessionView) -> float | None:
+        assert view.oldest_arrival is not None
+        deadline = view.oldest_arrival + self.window_s
+        if view.ready >= view.max_batch or view.now >= deadline:
+            return None
+        count, until = self.expected(view, deadline)
+        return None if count == 0 else until
+
+    def on_silence_output(self, session_id: str, output: Any) -> None:  # never called: no silence
+        raise AssertionError("arrival-aware coalescing steps no silent sessions")
 
 
 @dataclass
@@ -122,3 +226,9 @@ class FrameClock:
     def on_silence_output(self, session_id: str, output: Any) -> None:
         self.silent_steps += 1
         self.on_output(session_id, output)
+
+    def arrived(self, session_id: str, now: float) -> None:
+        return None  # the clock, not arrivals, drives steps
+
+    def forget(self, session_id: str) -> None:
+        return None

@@ -9,6 +9,9 @@ engine's :class:`~sessions.engine.dispatch.DispatchPolicy`:
   ``max_batch`` sessions have ready work, or when at most ``eager_remaining`` open sessions have
   nothing pending (waiting cannot grow the batch), or when the window is 0; otherwise wait until
   the oldest ready item's arrival + ``coalesce_window_s`` (later arrivals never extend it).
+- :class:`~sessions.engine.dispatch.ArrivalAware`: the same window, waiting only for idle
+  sessions whose arrival pattern predicts them (the engine reports every queued item and every
+  release to its policy).
 - :class:`~sessions.engine.dispatch.FrameClock`: every ``period_s`` all open sessions step
   together; a session with nothing pending steps on the policy's silence input and its output
   goes to the policy's ``on_silence_output``.
@@ -262,6 +265,7 @@ class StageEngine:
             self._pending_count -= len(entry.pending)
             entry.pending.clear()
             self._kill_inflight(entry, error)
+            self.dispatch.forget(session_id)
             self._kick()
         self._releasing[session_id] = self._releasing.get(session_id, 0) + 1
         try:
@@ -419,12 +423,11 @@ class StageEngine:
             raise QueueFullError(self.name, self.max_pending)
         if epoch > entry.epoch:
             self.bump_epoch(session_id, epoch)
-        loop = asyncio.get_running_loop()
-        entry.pending.append(
-            _Work(session_id, epoch, payload, request_id, seq, last, loop.time(), future, stream)
-        )
+        now = asyncio.get_running_loop().time()
+        entry.pending.append(_Work(session_id, epoch, payload, request_id, seq, last, now, future, stream))
         self._pending_count += 1
-        if self._running is None and self.dispatch.run_at_submit(self._view(loop.time())):
+        self.dispatch.arrived(session_id, now)
+        if self._running is None and self.dispatch.run_at_submit(self._view(now)):
             self._dispatch()  # waiting cannot grow the batch: skip the round through the loop
         else:
             self._kick()
@@ -465,13 +468,11 @@ class StageEngine:
 
     def _view(self, now: float, ready: list[_Work] | None = None) -> SessionView:
         """What the policy decides on; at a submit (``ready`` None) only the counts matter."""
-        idle = 0
-        for entry in self._sessions.values():
-            if not entry.pending:
-                idle += 1
+        idle = tuple(session_id for session_id, entry in self._sessions.items() if not entry.pending)
         if ready is None:
-            return SessionView(now, len(self._sessions) - idle, idle, None, self.max_batch)
-        return SessionView(now, len(ready), idle, ready[0].arrived if ready else None, self.max_batch)
+            return SessionView(now, len(self._sessions) - len(idle), len(idle), None, self.max_batch, idle)
+        oldest = ready[0].arrived if ready else None
+        return SessionView(now, len(ready), len(idle), oldest, self.max_batch, idle)
 
     def _kick(self) -> None:
         """Ask for a scheduling decision at the next loop iteration (at most one queued)."""
