@@ -12,10 +12,13 @@ media follows through the pipeline and the writer sends it in order.
 The handler is the session's single owner: commands (start, events, reset, close, ping), tick
 outcomes and pacing wake-ups all arrive through the runner's mailbox, one at a time.
 
-Pacing: ``realtime`` generates at most ``world.max_ahead_blocks`` blocks ahead of the media clock
-(frames sent / fps since the first chunk) and then waits; ``fast`` generates as fast as possible,
-bounded by ``max_ahead_blocks`` chunks generated but not yet sent. Controls apply at the next
-block boundary: ``keys`` is sticky, ``mouse`` deltas of the events applied in one block are summed
+Pacing: ``realtime`` starts the next block when the media the client still holds (as
+``realtime.kinds.world_pacing.PlaybackPacer`` models its playback) has fallen to the measured
+tick-to-send time plus ``world.pacing_margin_s`` — the least generate-ahead that keeps playback
+continuous, so a control waits for as little buffered media as possible; ``fast`` generates as
+fast as possible. Both are bounded by ``world.max_ahead_blocks`` chunks generated but not yet
+sent (and ``realtime`` by as many blocks of media ahead). Controls apply at the next block
+boundary: ``keys`` is sticky, ``mouse`` deltas of the events applied in one block are summed
 (``models.world.stage.world_input``). Prompt changes reset the session's cross-attention KV
 (``models.world.model``); a tick failure moves the session to FAILED until ``session.reset``.
 """
@@ -47,6 +50,7 @@ from models.world.vae import decoder_state_bytes
 from realtime.connection import Close, Connection, run_connection
 from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
+from realtime.kinds.world_pacing import PlaybackPacer
 from realtime.media.stage import EncodedMedia, MediaEncodeStage, MediaSettings
 from realtime.protocols import world as proto
 from realtime.ws import serve_websocket
@@ -263,14 +267,23 @@ class _TickDone:
     generation: int
     result: Any
     error: BaseException | None
+    started: float  # time.monotonic() when the tick was spawned
+    ahead_ms: float  # media the client held then (pacer's model)
+    lead_ms: float | None  # the lead the pacer aimed for then
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A chunk left the writer (or was dropped): the generate-ahead credit comes back."""
+
+    generation: int
+    frames: int
     started: float
+    at: float  # time.monotonic() when the writer was done with it
 
 
 class _Wake:
-    """Pacing time reached, or a chunk left (credit): maybe start the next tick."""
-
-
-_WAKE = _Wake()
+    """Pacing time reached (the timer that posted it) or a retry: maybe start the next tick."""
 
 
 class _WorldHandler:
@@ -296,12 +309,13 @@ class _WorldHandler:
         )
         self.start: proto.Start | None = None
         self.payload: WorldTickPayload | None = None
+        self.pacer: PlaybackPacer | None = None
         self.ticking = False
         self.paused = False  # the session FAILED: no ticks until session.reset
-        self.unsent = 0  # chunks generated but not yet sent (the generate-ahead credit)
-        self.clock_t0: float | None = None
+        self.unsent = 0  # chunks generated but not yet sent, any epoch (the generate-ahead credit)
         self.frames_out = 0
         self.timer: asyncio.TimerHandle | None = None
+        self.wake: _Wake | None = None  # what the pending timer will post
         self.client_ts: dict[int, float] = {}  # event id -> client timestamp, until applied
 
     async def opened(self, conn: Connection) -> None:
@@ -324,8 +338,11 @@ class _WorldHandler:
     async def handle(self, conn: Connection, item: Any) -> None:
         if isinstance(item, _TickDone):
             await self._tick_done(conn, item)
-        elif item is _WAKE:
-            pass
+        elif isinstance(item, _Sent):
+            self._sent(conn, item)
+        elif isinstance(item, _Wake):
+            if item is self.wake:
+                self.timer = self.wake = None
         elif isinstance(item, proto.Rejected):
             await conn.send(self._error(item.code, item.message, item.event_id))
         elif isinstance(item, proto.Ping):
@@ -354,6 +371,10 @@ class _WorldHandler:
         self.payload = WorldTickPayload(
             cmd.seed, cmd.prompt, MediaSettings(cmd.format, cmd.fps, wc.jpeg_quality)
         )
+        block_s = self.service.model.cfg.frames_for_block(False) / cmd.fps  # type: ignore[union-attr]
+        self.pacer = PlaybackPacer(
+            cmd.fps, wc.pacing_margin_s, wc.pacing_window, wc.max_ahead_blocks * block_s
+        )
         caps = {**self.service.capabilities(), "fps": cmd.fps, "format": cmd.format, "pacing": cmd.pacing}
         await conn.send(proto.render_created(session.session_id, caps))
 
@@ -378,7 +399,8 @@ class _WorldHandler:
         except SessionError as exc:
             await conn.send(self._error(exc.code, exc.message))
             return
-        self.paused, self.clock_t0, self.frames_out = False, None, 0
+        self.paused, self.frames_out = False, 0
+        self.pacer.restart()  # type: ignore[union-attr]
         self.client_ts.clear()
         await conn.send(proto.render_reset_done(session.session_id))
 
@@ -397,35 +419,39 @@ class _WorldHandler:
     # -- ticks ----------------------------------------------------------------------------
     def _maybe_tick(self, conn: Connection) -> None:
         """Start the next tick if none runs and pacing and the generate-ahead credit allow it."""
-        session, start = conn.session, self.start
+        session, start, pacer = conn.session, self.start, self.pacer
         if self.ticking or self.paused or start is None or session is None or session.status != "active":
             return
-        wc = self.service.config
-        if self.unsent >= wc.max_ahead_blocks:
-            return  # a sent chunk posts a wake-up
-        if start.pacing == "realtime" and self.clock_t0 is not None:
-            cfg = self.service.model.cfg  # type: ignore[union-attr]
-            budget = wc.max_ahead_blocks * cfg.frames_for_block(False) / start.fps
-            ahead = self.frames_out / start.fps - (time.monotonic() - self.clock_t0)
-            if ahead > budget:
-                if self.timer is None:
-                    self.timer = asyncio.get_running_loop().call_later(ahead - budget, self._wake, conn)
+        assert pacer is not None
+        if self.unsent >= self.service.config.max_ahead_blocks:
+            return  # a sent chunk posts _Sent
+        now = time.monotonic()
+        if start.pacing == "realtime":
+            wait = pacer.wait_s(now)
+            if wait is None:
+                return  # the first chunk's send measures the pipeline (_Sent)
+            if wait > 0:
+                self._wake_in(conn, wait)
                 return
+        self._stop_timer()
         self.ticking = True
-        generation, started = conn.epoch, time.perf_counter()
+        generation, ahead_ms, lead = conn.epoch, pacer.ahead_s(now) * 1000, pacer.lead_s()
+        lead_ms = None if lead is None else lead * 1000
         conn.spawn(
             session.next_tick(self.payload),
-            lambda result, error: _TickDone(generation, result, error, started),
+            lambda result, error: _TickDone(generation, result, error, now, ahead_ms, lead_ms),
         )
 
-    def _wake(self, conn: Connection) -> None:
-        self.timer = None
-        conn.post(_WAKE)
+    def _wake_in(self, conn: Connection, delay_s: float) -> None:
+        """(Re)arm the one pacing timer: it posts a fresh ``_Wake`` to the runner."""
+        self._stop_timer()
+        wake = self.wake = _Wake()
+        self.timer = asyncio.get_running_loop().call_later(delay_s, conn.post, wake)
 
     def _stop_timer(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-            self.timer = None
+        self.timer = self.wake = None
 
     async def _tick_done(self, conn: Connection, done: _TickDone) -> None:
         self.ticking = False
@@ -438,30 +464,35 @@ class _WorldHandler:
             if isinstance(error, TickSupersededError):
                 return
             if error.code == "busy":  # transient: the engine queue is full; try again later
-                self.timer = asyncio.get_running_loop().call_later(0.05, self._wake, conn)
+                self._wake_in(conn, 0.05)
                 return
             self.paused = True
             await conn.send(self._error(error.code, f"{error.message}; send session.reset"))
             return
         result: TickOutput[PipelineResult] = done.result
-        meta = self._chunk_metadata(result, done.started)
+        meta = self._chunk_metadata(result, done)
+        frames = meta["frame_count"]
         self.unsent += 1
-        await conn.outbound.send_later(
-            _media(result.value.tail, meta), epoch=done.generation, on_done=lambda: self._sent(conn)
-        )
+        self.pacer.generated(frames)  # type: ignore[union-attr]
+        sent = functools.partial(self._post_sent, conn, done.generation, frames, done.started)
+        await conn.outbound.send_later(_media(result.value.tail, meta), epoch=done.generation, on_done=sent)
 
-    def _sent(self, conn: Connection) -> None:
+    @staticmethod
+    def _post_sent(conn: Connection, generation: int, frames: int, started: float) -> None:
+        """The writer's ``on_done``: only a message to the runner (it owns every counter)."""
+        conn.post(_Sent(generation, frames, started, time.monotonic()))
+
+    def _sent(self, conn: Connection, item: _Sent) -> None:
         self.unsent -= 1
-        conn.post(_WAKE)
+        if item.generation == conn.epoch:  # an old world's chunk was dropped, not played
+            self.pacer.sent(item.frames, item.at, item.at - item.started)  # type: ignore[union-attr]
 
-    def _chunk_metadata(self, result: TickOutput[PipelineResult], started: float) -> dict[str, Any]:
+    def _chunk_metadata(self, result: TickOutput[PipelineResult], done: _TickDone) -> dict[str, Any]:
         start, cfg = self.start, self.service.model.cfg  # type: ignore[union-attr]
         assert start is not None
         identity = result.metadata
         frames = cfg.frames_for_block(identity.chunk_index == 0)
         first, self.frames_out = self.frames_out, self.frames_out + frames
-        if self.clock_t0 is None:
-            self.clock_t0 = time.monotonic()
         stamps = [self.client_ts.pop(i) for i in identity.applied_event_ids if i in self.client_ts]
         head = result.value.head
         return {
@@ -474,9 +505,11 @@ class _WorldHandler:
             "fps": start.fps,
             "client_ts_ms": stamps[-1] if stamps else None,
             "timing": {
-                "queue_ms": max(0.0, (time.perf_counter() - started) * 1000.0 - head.forward_ms),
+                "queue_ms": max(0.0, (time.monotonic() - done.started) * 1000.0 - head.forward_ms),
                 "generate_ms": head.forward_ms,
                 "batch_size": head.batch_size,
+                "ahead_ms": done.ahead_ms,
+                "lead_ms": done.lead_ms,
             },
         }
 
