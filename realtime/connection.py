@@ -42,7 +42,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from realtime.connections import TRANSPORT_EXTENSION
 from realtime.logs import log_internal_error
 from realtime.ws import CloseCode, close_quietly
-from sessions.errors import SessionError
 from sessions.log_context import session_context
 from sessions.manager import SessionManager
 from sessions.runner import SessionRunner
@@ -485,6 +484,6 @@ async def run_connection(
     ).run()
 
 
-def session_error_close(exc: SessionError) -> Close:
-    """The close for a refused session (capacity, queue timeout, shutdown): 1013 with its message."""
-    return Close("capacity", exc.message)
+def runtime_close(reason: str) -> Close:
+    """The close for a session the runtime ended (idle, lifetime, eviction, shutdown, other)."""
+    return Close(reason) if reason in ("idle", "lifetime", "evicted", "shutdown") else Close("closed", reason)

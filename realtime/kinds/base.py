@@ -19,13 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from starlette.routing import BaseRoute
+from starlette.websockets import WebSocket
 
 from realtime.config import DeployConfig
+from realtime.connection import KindHandler, run_connection
 from realtime.connections import ConnectionRegistry
+from realtime.ws import serve_websocket
+from sessions.engine.protocol import StageRunner
+from sessions.manager import SessionManager
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -61,3 +66,33 @@ class SessionKindService(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+class KindServiceBase:
+    """What every kind's service shares: the runner and manager it owns, their shutdown, and the
+    endpoint body that hands a connection's handler to the skeleton. A kind sets ``name``, builds
+    ``self.runner`` (an engine or a pipeline) and ``self.manager`` in ``start()``."""
+
+    name: str
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        self.runner: StageRunner | None = None
+        self.manager: SessionManager | None = None
+
+    async def stop(self) -> None:
+        if self.manager is not None:
+            await self.manager.shutdown()
+        if self.runner is not None:
+            await self.runner.close()
+
+    async def serve(self, websocket: WebSocket, handler: KindHandler, **close_fields: Any) -> None:
+        """An endpoint's body: accept (tracked for shutdown), then run ``handler`` on the skeleton."""
+        manager = self.manager
+        assert manager is not None, "start() runs before any websocket is served"
+        await serve_websocket(
+            websocket,
+            self.ctx,
+            self.name,
+            lambda: run_connection(websocket, self.ctx, self.name, handler, manager, **close_fields),
+        )

@@ -23,15 +23,13 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from models.echo.stages import Shout, WordStream
-from realtime.connection import Close, Connection, run_connection
-from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
+from realtime.connection import Close, Connection
+from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
 from realtime.protocols import echo as proto
-from realtime.ws import serve_websocket
 from sessions.engine import Pipeline, StageEngine, StreamingStageEngine
 from sessions.errors import SessionError, TickSupersededError
 from sessions.executor import StageExecutor
-from sessions.manager import SessionManager
 
 PATH = "/v1/realtime/echo"
 
@@ -41,17 +39,15 @@ def echo_input(snapshot: Any) -> str:
     return snapshot.payload
 
 
-class EchoService:
+class EchoService(KindServiceBase):
     """The ``echo`` session kind (``realtime.kinds.base.SessionKindService``)."""
 
     name = "echo"
 
     def __init__(self, ctx: ServerContext) -> None:
-        self.ctx = ctx
+        super().__init__(ctx)
         self.config = ctx.config.echo
         self.words = WordStream(self.config.word_delay_s)
-        self.pipeline: Pipeline | None = None
-        self.manager: SessionManager | None = None
 
     def routes(self) -> list[BaseRoute]:
         return [WebSocketRoute(PATH, self._endpoint)]
@@ -65,7 +61,7 @@ class EchoService:
     async def start(self) -> None:
         registry = self.ctx.registry
         shout = Shout()
-        self.pipeline = Pipeline(
+        self.runner = Pipeline(
             [StreamingStageEngine(self.words, registry=registry), StageEngine(shout, registry=registry)],
             registry=registry,
         )
@@ -77,26 +73,13 @@ class EchoService:
                 self.ctx.config.runtime,
                 stage_declaration(self.words, shout, max_sessions=self.config.max_sessions),
             ),
-            executor=StageExecutor(self.pipeline, echo_input),
-            lifecycle=self.pipeline,
+            executor=StageExecutor(self.runner, echo_input),
+            lifecycle=self.runner,
         )
         await self.manager.start()
 
-    async def stop(self) -> None:
-        if self.manager is not None:
-            await self.manager.shutdown()
-        if self.pipeline is not None:
-            await self.pipeline.close()
-
     async def _endpoint(self, websocket: WebSocket) -> None:
-        assert self.manager is not None
-        handler = _EchoHandler(self.config.max_text_chars)
-        await serve_websocket(
-            websocket,
-            self.ctx,
-            self.name,
-            lambda: run_connection(websocket, self.ctx, self.name, handler, self.manager),
-        )
+        await self.serve(websocket, _EchoHandler(self.config.max_text_chars))
 
 
 @dataclass(frozen=True)

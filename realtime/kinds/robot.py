@@ -36,16 +36,15 @@ from models.policy.stage import PolicyChunk, PolicyInput, PolicyStage, policy_in
 from models.policy.trivial import ZerosPolicy
 from realtime import __version__
 from realtime.config import RobotConfig
-from realtime.connection import Close, Connection, run_connection
-from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
+from realtime.connection import Close, Connection
+from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
 from realtime.logs import log_internal_error
 from realtime.protocols import openpi
-from realtime.ws import CloseCode, serve_websocket
+from realtime.ws import CloseCode
 from sessions.engine import StageEngine
 from sessions.errors import SessionError
 from sessions.executor import StageExecutor
-from sessions.manager import SessionManager
 
 log = logging.getLogger("realtime.robot")
 
@@ -110,18 +109,17 @@ def handshake_metadata(policy: Policy, config: RobotConfig) -> dict[str, Any]:
     }
 
 
-class RobotService:
+class RobotService(KindServiceBase):
     """The ``robot`` session kind (``realtime.kinds.base.SessionKindService``)."""
 
     name = "robot"
 
     def __init__(self, ctx: ServerContext) -> None:
-        self.ctx = ctx
+        super().__init__(ctx)
         self.config = ctx.config.robot
         self.policy: Policy | None = None
         self.metadata: dict[str, Any] = {}
         self.engine: StageEngine | None = None
-        self.manager: SessionManager | None = None
         self.errors = Counter(
             "realtime_robot_errors",
             "OpenPI error replies and fatal closes by code",
@@ -158,7 +156,7 @@ class RobotService:
         cfg = self.config
         assert self.policy is not None, "load() runs before start()"
         stage = PolicyStage(self.policy, name="robot-policy")
-        self.engine = StageEngine(
+        self.runner = self.engine = StageEngine(
             stage,
             registry=self.ctx.registry,
             max_batch=cfg.max_batch,
@@ -177,28 +175,8 @@ class RobotService:
             "robot sessions ready", extra={"capacity": self.manager.capacity, "max_batch": cfg.max_batch}
         )
 
-    async def stop(self) -> None:
-        if self.manager is not None:
-            await self.manager.shutdown()
-        if self.engine is not None:
-            await self.engine.close()
-
     async def _endpoint(self, websocket: WebSocket) -> None:
-        assert self.manager is not None
-        handler = _RobotHandler(self)
-        await serve_websocket(
-            websocket,
-            self.ctx,
-            self.name,
-            lambda: run_connection(
-                websocket,
-                self.ctx,
-                self.name,
-                handler,
-                self.manager,
-                idle_timeout_s=self.config.idle_timeout_s,
-            ),
-        )
+        await self.serve(websocket, _RobotHandler(self), idle_timeout_s=self.config.idle_timeout_s)
 
 
 class _RobotHandler:
