@@ -224,6 +224,66 @@ def _closed_slow(record: logging.LogRecord) -> bool:
     )
 
 
+def _read_echo(client: RawClient) -> list[dict]:
+    """Read one echo's messages up to its ``echo.done`` (blocking, for a worker thread)."""
+    client.sock.settimeout(10.0)
+    messages: list[dict] = []
+    while True:
+        client.protocol.receive_data(client.sock.recv(1 << 20))
+        for event in client.protocol.events_received():
+            if isinstance(event, Frame) and event.opcode is Opcode.TEXT:
+                messages.append(json.loads(event.data))
+                if messages[-1]["type"] == "echo.done":
+                    return messages
+
+
+async def test_a_full_outbound_queue_makes_the_handler_wait_and_loses_nothing():
+    """``server.max_outbound_messages``: far below the byte bound, a client that does not read
+    pauses its own session (no slow_consumer, nothing dropped); once it reads, everything arrives
+    in order. ``echo.max_sessions`` meanwhile refuses a second session with 1013."""
+    words = 120  # 7 MB of deltas: more than the socket buffers hold, far less than 8 MiB queued
+    config = config_from_mapping(
+        {
+            "server": {"max_outbound_messages": 2},
+            "robot": {"enabled": False},
+            "world": {"enabled": False},
+            "echo": {
+                "enabled": True,
+                "max_sessions": 1,
+                "max_text_chars": 16_000_000,
+                "max_message_bytes": ECHO_MAX_MESSAGE_BYTES,
+            },
+        }
+    )
+    async with serve_in_process(config) as (base, server):
+        echo, url = _kind(server, "echo"), base.replace("http://", "ws://") + "/v1/realtime/echo"
+        client = await asyncio.to_thread(RawClient, url, rcvbuf=4096)
+        try:
+            sid = (await asyncio.to_thread(_first_text, client))["session_id"]
+            text = json.dumps({"type": "echo", "text": " ".join([WORD] * words)})
+            await asyncio.to_thread(client.send_text, text)
+            await asyncio.sleep(1.0)  # far longer than streaming 7 MB to a reader takes
+            session = echo.manager.get(sid)
+            assert session.status == "active" and session.chunk_index == 0  # waiting, not done
+            assert echo.ctx.connections.count("echo") == 1  # and not dropped
+
+            async with websockets.connect(url) as refused:  # the only session is taken
+                error = await _recv_type(refused, "error")
+                assert error["code"] == "session_limit_reached"
+                with pytest.raises(websockets.ConnectionClosed) as info:
+                    await asyncio.wait_for(refused.recv(), 5.0)
+                assert info.value.rcvd is not None and info.value.rcvd.code == 1013
+
+            messages = await asyncio.to_thread(_read_echo, client)  # the client reads at last
+            deltas = [m for m in messages if m["type"] == "echo.delta"]
+            assert [d["seq"] for d in deltas] == list(range(words))
+            assert all(d["text"] == WORD.upper() for d in deltas)
+            assert messages[-1] == {"type": "echo.done", "chunk_index": 0, "words": words}
+        finally:
+            client.close()
+        await _until(lambda: sid not in echo.manager, 10.0)
+
+
 # -- transport limit of the echo route ---------------------------------------------------
 
 
