@@ -82,11 +82,22 @@ def smollm2_dir() -> Path:
     return build_once("smollm2-135m-instruct", _convert_smollm2)
 
 
+@dataclass(frozen=True, slots=True)
+class ChatUsage:
+    """One generation's tokens: the prompt, the part of it reused from resident KV, the reply."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+
+
 @dataclass(slots=True)
 class _Conversation:
     cache: DynamicCache | None = None
     ids: list[int] = field(default_factory=list)  # the tokens the cache covers, in order
     cached_tokens: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
     busy: bool = False
 
 
@@ -175,6 +186,11 @@ class TransformersChat:
         """How many prompt tokens of the last ``generate`` were served from the resident cache."""
         return self._get(conversation_id).cached_tokens
 
+    def last_usage(self, conversation_id: str) -> ChatUsage:
+        """Token counts of the conversation's last ``generate`` (so far, while it runs)."""
+        c = self._get(conversation_id)
+        return ChatUsage(c.prompt_tokens, c.cached_tokens, c.generated_tokens)
+
     def generate(
         self,
         conversation_id: str,
@@ -216,6 +232,7 @@ class TransformersChat:
             detokenizer = _Detokenizer(self.tokenizer)
             for step in range(max_new_tokens):
                 token = self._sample(logits, temperature)
+                conversation.generated_tokens += 1
                 if token in self._eos:
                     return
                 piece = detokenizer.push(token)
@@ -243,6 +260,8 @@ class TransformersChat:
             conversation.cache.crop(reuse - len(conversation.ids))  # negative: tokens to drop
             del conversation.ids[reuse:]
         conversation.cached_tokens = reuse
+        conversation.prompt_tokens = len(prompt)
+        conversation.generated_tokens = 0
         return self._forward(conversation, prompt[reuse:])
 
     @torch.inference_mode()

@@ -51,14 +51,28 @@ class VadStream:
 
     def feed(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Return ``(frames [n, 512], probabilities [n])`` for the complete frames now available."""
-        audio = np.concatenate([self._pending, np.asarray(samples, np.float32).reshape(-1)])
-        n = len(audio) // FRAME_SAMPLES
-        frames = audio[: n * FRAME_SAMPLES].reshape(n, FRAME_SAMPLES)
-        self._pending = audio[n * FRAME_SAMPLES :].copy()
+        frames = self.take_frames(samples)
+        n = len(frames)
         probs = np.empty(n, np.float32)
         for i in range(n):
             probs[i] = self._model.forward([self], frames[i : i + 1])[0]
         return frames, probs
+
+    def take_frames(self, samples: np.ndarray) -> np.ndarray:
+        """Split ``samples`` (after the partial frame kept from before) into complete frames,
+        unscored (``[n, 512]``); the leftover samples wait. For a caller that scores the frames of
+        many streams in one batched :meth:`SileroVad.forward` per frame index."""
+        audio = np.concatenate([self._pending, np.asarray(samples, np.float32).reshape(-1)])
+        n = len(audio) // FRAME_SAMPLES
+        self._pending = audio[n * FRAME_SAMPLES :].copy()
+        return audio[: n * FRAME_SAMPLES].reshape(n, FRAME_SAMPLES)
+
+    def checkpoint(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A copy of the stream's state, for :meth:`restore` after a failed batched forward."""
+        return self.state.copy(), self.context.copy(), self._pending.copy()
+
+    def restore(self, checkpoint: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        self.state, self.context, self._pending = (a.copy() for a in checkpoint)
 
     def reset(self) -> None:
         """Forget all audio (state, context, partial frame), as on a new input buffer."""

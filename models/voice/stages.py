@@ -1,0 +1,337 @@
+"""The voice components as runtime stages (``models/stage.py``): VAD, ASR, LLM, TTS.
+
+The voice kind drives them through the session runtime's engines; none of them ever runs on the
+event loop:
+
+- :class:`VadStage` (batched, stateful): each slot holds one session's input :class:`Resampler`
+  (wire rate -> 16 kHz, ``soxr.ResampleStream``) and :class:`VadStream`. ``forward`` cuts every
+  item's audio into 32 ms frames and scores frame ``i`` of every session in one Silero call, so
+  one forward serves many sessions. Output: :class:`VadFrames` (the 16 kHz frames and their
+  speech probabilities; the turn decisions are the kind's, a pure state machine).
+- :class:`AsrStage` (batched, stateless): one utterance per item, ``WhisperAsr.transcribe_batch``
+  over the batch.
+- :class:`TransformersLlmStage` (streaming, stateful): ``stream(item)`` runs
+  ``TransformersChat.generate`` on a worker thread of its own pool and yields
+  :class:`TextChunk` s through an asyncio queue; ``abort(request_id)`` sets the generation's
+  ``should_stop`` flag. A slot is a conversation: its KV stays resident across turns, opened and
+  released with the slot. Clause splitting happens here, so the TTS stage downstream starts on
+  the first clause, not the full reply (``chunked=False`` holds every clause back until the
+  reply is complete: the benchmark's baseline). Any other LLM backend (vLLM's ``AsyncLLM``) plugs
+  in behind the :class:`LlmStage` interface.
+- :class:`TtsStage` (batched, stateless): speaks the clauses a chunk carries, in the chunk's
+  output rate; text passes through, so the kind receives :class:`SpeechChunk` s in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import soxr
+
+from models.stage import StageItem
+from models.voice.asr import Transcript, WhisperAsr
+from models.voice.audio import Resampler
+from models.voice.llm import ChatMessage, ChatUsage, TransformersChat
+from models.voice.tts import SAMPLE_RATE as TTS_RATE
+from models.voice.tts import ClauseSplitter, HibariTts, split_clauses
+from models.voice.vad import SAMPLE_RATE as VAD_RATE
+from models.voice.vad import SileroVad, VadStream
+
+# ------------------------------------------------------------------------------------- VAD
+
+
+@dataclass(frozen=True, slots=True)
+class VadInput:
+    """Mono float32 audio at ``sample_rate`` (the wire's: 24 kHz pcm16, 8 kHz G.711)."""
+
+    samples: np.ndarray = field(repr=False)
+    sample_rate: int
+
+
+@dataclass(frozen=True, slots=True)
+class VadFrames:
+    """The complete 16 kHz frames the input completed (``[n, 512]``) and their probabilities."""
+
+    frames: np.ndarray = field(repr=False)
+    probabilities: np.ndarray = field(repr=False)
+
+
+@dataclass(slots=True)
+class _VadSlot:
+    stream: VadStream
+    resampler: Resampler
+
+
+class VadStage:
+    """Silero VAD over many sessions; ``slot_capacity`` sessions, each with its own stream state."""
+
+    name = "voice-vad"
+    device = "cpu"
+
+    def __init__(self, model: SileroVad, slot_capacity: int) -> None:
+        self.model = model
+        self.slot_capacity = slot_capacity
+        self._slots: list[_VadSlot | None] = [None] * slot_capacity
+
+    def state_bytes(self) -> int:
+        return 4 * (2 * 128 + 64 + 512)  # recurrent state, context and a partial frame (float32)
+
+    def open_state(self, session_id: str, slot: int) -> _VadSlot:
+        self._slots[slot] = _VadSlot(self.model.stream(), Resampler(TTS_RATE, VAD_RATE))
+        return self._slots[slot]
+
+    def release_state(self, session_id: str, slot: int, state: object) -> None:
+        self._slots[slot] = None
+
+    def forward(self, items: Sequence[StageItem]) -> list[VadFrames]:
+        slots = [self._slot(item) for item in items]
+        checkpoints = [s.stream.checkpoint() for s in slots]
+        try:
+            frames = [
+                s.stream.take_frames(s.resampler.push(self._rated(s, item.payload)))
+                for s, item in zip(slots, items, strict=True)
+            ]
+            probs = [np.empty(len(f), np.float32) for f in frames]
+            for i in range(max((len(f) for f in frames), default=0)):
+                batch = [k for k, f in enumerate(frames) if len(f) > i]
+                scored = self.model.forward(
+                    [slots[k].stream for k in batch], np.stack([frames[k][i] for k in batch])
+                )
+                for k, p in zip(batch, scored, strict=True):
+                    probs[k][i] = p
+        except BaseException:
+            for s, cp in zip(slots, checkpoints, strict=True):  # the resampler's few samples are lost
+                s.stream.restore(cp)
+            raise
+        return [VadFrames(f, p) for f, p in zip(frames, probs, strict=True)]
+
+    def _slot(self, item: StageItem) -> _VadSlot:
+        slot = self._slots[item.slot] if item.slot is not None else None
+        if slot is None:
+            raise RuntimeError(f"VAD slot {item.slot} of {item.session_id} is not open")
+        return slot
+
+    @staticmethod
+    def _rated(slot: _VadSlot, payload: VadInput) -> np.ndarray:
+        if slot.resampler.in_rate != payload.sample_rate:  # the session changed its input format
+            slot.resampler = Resampler(payload.sample_rate, VAD_RATE)
+        return payload.samples
+
+
+# ------------------------------------------------------------------------------------- ASR
+
+
+class AsrStage:
+    """Whisper over a batch of utterances (16 kHz float32 each) -> one :class:`Transcript` each."""
+
+    name = "voice-asr"
+    device = "cpu"
+
+    def __init__(self, asr: WhisperAsr) -> None:
+        self.asr = asr
+
+    def forward(self, items: Sequence[StageItem]) -> list[Transcript]:
+        return self.asr.transcribe_batch([item.payload for item in items])
+
+
+# ------------------------------------------------------------------------------------- LLM
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One response's generation: the conversation so far and how to speak the reply.
+
+    ``speak`` False: text only (no clauses for the TTS). ``speed`` and ``sample_rate`` travel
+    with every chunk to the TTS stage (the output format's rate: 24000 pcm16, 8000 G.711).
+    """
+
+    messages: tuple[ChatMessage, ...]
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    speak: bool = True
+    speed: float = 1.0
+    sample_rate: int = TTS_RATE
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    """A piece of the reply (``text``) and the clauses it completed; ``usage`` on the last chunk."""
+
+    text: str
+    clauses: tuple[str, ...] = ()
+    speed: float = 1.0
+    sample_rate: int = TTS_RATE
+    usage: ChatUsage | None = None
+
+
+class LlmStage(Protocol):
+    """The LLM seam: a stateful streaming stage whose ``stream(item)`` takes a :class:`ChatRequest`
+    and yields :class:`TextChunk` s (the last with ``usage``); one slot = one conversation whose
+    KV stays resident across turns. :class:`TransformersLlmStage` is the offline default; a vLLM
+    ``AsyncLLM`` stage implements the same members."""
+
+    name: str
+    device: str
+    slot_capacity: int
+
+    def state_bytes(self) -> int: ...
+
+    def open_state(self, session_id: str, slot: int) -> object: ...
+
+    def release_state(self, session_id: str, slot: int, state: object) -> None: ...
+
+    def stream(self, item: StageItem) -> AsyncIterator[TextChunk]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def last_usage(self, session_id: str) -> ChatUsage:
+        """The session's last generation's token counts (cached = reused from resident KV)."""
+        ...
+
+
+_END = object()
+
+
+class TransformersLlmStage:
+    """:class:`LlmStage` over :class:`TransformersChat` (see the module docstring).
+
+    ``workers`` threads generate concurrently (one generation per thread; torch's own thread
+    count is the caller's). A new request of a session waits until the session's previous
+    generation (aborted, still finishing its forward) let go of the conversation.
+    """
+
+    name = "voice-llm"
+    device = "cpu"
+
+    def __init__(self, chat: TransformersChat, slot_capacity: int, *, workers: int = 4, chunked: bool = True):
+        self.chat = chat
+        self.slot_capacity = slot_capacity
+        self.chunked = chunked
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="voice-llm")
+        self._stops: dict[str, threading.Event] = {}
+        self._running: dict[str, Future] = {}  # session -> its generation's thread work
+
+    def state_bytes(self) -> int:
+        return self.chat.kv_bytes_per_conversation
+
+    def open_state(self, session_id: str, slot: int) -> str:
+        self.chat.open(session_id)
+        return session_id
+
+    def release_state(self, session_id: str, slot: int, state: object) -> None:
+        self.chat.release(session_id)
+
+    def last_usage(self, session_id: str) -> ChatUsage:
+        return self.chat.last_usage(session_id)
+
+    def abort(self, request_id: str) -> None:
+        stop = self._stops.get(request_id)
+        if stop is not None:
+            stop.set()
+
+    def close(self) -> None:
+        for stop in self._stops.values():
+            stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def stream(self, item: StageItem) -> AsyncIterator[TextChunk]:
+        request: ChatRequest = item.payload
+        previous = self._running.get(item.session_id)
+        if previous is not None and not previous.done():
+            await asyncio.wrap_future(previous)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        stop = threading.Event()
+        self._stops[item.request_id] = stop
+
+        def put(value: object) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, value)
+            except RuntimeError:  # the loop is gone (shutdown): nobody reads any more
+                stop.set()
+
+        work = self._pool.submit(self._generate, item.session_id, request, stop, put)
+        self._running[item.session_id] = work
+        try:
+            while (value := await queue.get()) is not _END:
+                if isinstance(value, BaseException):
+                    raise value
+                yield value
+        finally:
+            stop.set()
+            self._stops.pop(item.request_id, None)
+
+    def _generate(self, session_id: str, request: ChatRequest, stop: threading.Event, put) -> None:
+        """The worker thread: generate, split clauses, hand every chunk to the loop."""
+        try:
+            pieces = self.chat.generate(
+                session_id,
+                request.messages,
+                max_new_tokens=request.max_new_tokens,
+                temperature=request.temperature,
+                should_stop=stop.is_set,
+            )
+            splitter = ClauseSplitter()
+            reply = []
+
+            def chunk(text: str, clauses: list[str], usage: ChatUsage | None = None) -> TextChunk:
+                return TextChunk(text, tuple(clauses), request.speed, request.sample_rate, usage)
+
+            for piece in pieces:
+                reply.append(piece)
+                clauses = splitter.push(piece) if request.speak and self.chunked else []
+                put(chunk(piece, clauses))
+            if stop.is_set():
+                return
+            if not request.speak:
+                rest: list[str] = []
+            elif self.chunked:
+                rest = splitter.flush()
+            else:
+                rest = list(split_clauses(reply))
+            put(chunk("", rest, self.chat.last_usage(session_id)))
+        except BaseException as exc:
+            put(exc)
+        finally:
+            put(_END)
+
+
+# ------------------------------------------------------------------------------------- TTS
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechChunk:
+    """What reaches the kind: a piece of the reply's text and the audio of the clauses it
+    completed (mono float32 at the request's rate; empty when it completed none)."""
+
+    text: str
+    audio: np.ndarray = field(repr=False)
+    sample_rate: int = TTS_RATE
+    usage: ChatUsage | None = None
+
+
+class TtsStage:
+    """Speaks each chunk's clauses (hibari, 24 kHz, resampled to the chunk's rate)."""
+
+    name = "voice-tts"
+    device = "cpu"
+
+    def __init__(self, tts: HibariTts) -> None:
+        self.tts = tts
+
+    def forward(self, items: Sequence[StageItem]) -> list[SpeechChunk]:
+        return [self._speak(item.payload) for item in items]
+
+    def _speak(self, chunk: TextChunk) -> SpeechChunk:
+        audio = np.zeros(0, np.float32)
+        if chunk.clauses:
+            audio = np.concatenate([self.tts.synthesize(c, speed=chunk.speed) for c in chunk.clauses])
+            if chunk.sample_rate != self.tts.sample_rate:
+                audio = soxr.resample(audio, self.tts.sample_rate, chunk.sample_rate).astype(np.float32)
+        return SpeechChunk(chunk.text, audio, chunk.sample_rate, chunk.usage)
