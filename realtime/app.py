@@ -6,7 +6,8 @@ Routes:
 - ``GET /readyz`` -> 503 until every enabled session kind loaded and warmed its models, then 200.
 - ``GET /metrics`` -> Prometheus text format from this app's own registry.
 - ``GET /v1/models`` -> served models and session kinds (OpenAI-style ``{"object": "list"}``).
-- each enabled session kind's routes (websockets, demo pages).
+- each enabled session kind's routes (websockets, demo pages);
+- any other websocket path: accepted and closed with 1008 ``no such endpoint: <path>``.
 
 Every request first passes the guard middleware, in this order:
 
@@ -44,6 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from realtime import __version__
 from realtime.auth import OPEN_PATHS, check_request
@@ -52,7 +54,7 @@ from realtime.connections import ConnectionRegistry, DrainResult
 from realtime.kinds import build_kind
 from realtime.kinds.base import ServerContext, SessionKindService
 from realtime.progress import LoadProgress
-from realtime.ws import CloseCode
+from realtime.ws import CloseCode, close_quietly
 
 log = logging.getLogger("realtime.app")
 
@@ -180,6 +182,13 @@ async def _refuse_handshake(scope: Scope, send: Send, status: int, reason: str) 
     await send({"type": "websocket.http.response.body", "body": body})
 
 
+async def _no_such_endpoint(websocket: WebSocket) -> None:
+    """A websocket to a path no kind serves: accepted, then closed 1008 naming the path (an HTTP 403
+    from the handshake would read like an authentication failure)."""
+    await websocket.accept()
+    await close_quietly(websocket, CloseCode.POLICY_VIOLATION, f"no such endpoint: {websocket.url.path}")
+
+
 def create_app(config: DeployConfig) -> Starlette:
     registry = CollectorRegistry()
     ready_gauge = Gauge("realtime_ready", "1 once every session kind is loaded and warmed", registry=registry)
@@ -250,6 +259,7 @@ def create_app(config: DeployConfig) -> Starlette:
         for route in kind_routes:
             if isinstance(route, WebSocketRoute):
                 state.websocket_limits[route.path] = limit
+    routes.append(WebSocketRoute("/{path:path}", _no_such_endpoint))  # after every kind's routes
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.rt = state
     app.add_middleware(_Guard, state=state)

@@ -115,16 +115,18 @@ class RobotConfig:
 
     enabled: bool = True
     policy: Literal["pi0-tiny", "zeros"] = "pi0-tiny"
-    idle_timeout_s: NonNegativeFloat = 30.0
+    idle_timeout_s: NonNegativeFloat = 0.0  # off: dead peers are found by the websocket pings
     max_lifetime_s: NonNegativeFloat = 0.0
     observation_preset: Literal["auto", "libero", "droid", "aloha", "pi0"] = "auto"
     default_prompt: str = ""
     seed: int = 0
     max_message_bytes: PositiveInt = 64 * 1024 * 1024
     max_prompt_chars: PositiveInt = 2000
-    error_mode: Literal["recoverable", "openpi"] = "recoverable"
+    error_mode: Literal["text", "recoverable", "openpi"] = "text"
     max_batch: PositiveInt = 8
     coalesce_window_s: NonNegativeFloat = 0.02
+    dispatch: Literal["arrival", "window"] = "arrival"
+    idle_after_intervals: Annotated[float, _in_range(1, 100)] = 3.0
     torch_threads: NonNegativeInt = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
@@ -175,16 +177,48 @@ class EchoConfig:
 
 
 @dataclass(frozen=True)
+class VoiceConfig:
+    """OpenAI Realtime-compatible voice sessions (``/v1/realtime``): VAD -> ASR -> LLM -> TTS."""
+
+    enabled: bool = False
+    served_model: str = "smollm2-135m-instruct"
+    idle_timeout_s: NonNegativeFloat = 300.0
+    max_lifetime_s: NonNegativeFloat = 3600.0  # OpenAI's 60 minutes
+    max_sessions: PositiveInt = 8
+    # one frame: a 15 MiB append as base64 plus the event's other fields (the codec's own limit)
+    max_message_bytes: PositiveInt = 4 * ((15 * 1024 * 1024 + 2) // 3) + 64 * 1024
+    instructions: str = ""  # "": the LLM's default system prompt
+    voice: str = "alloy"  # the name sessions show; the offline TTS has one voice
+    transcription: bool = True  # input transcription events on by default
+    max_output_tokens: PositiveInt = 128
+    temperature: NonNegativeFloat = 0.0  # 0: greedy (the small default model rambles when sampled)
+    chunked_tts: bool = True
+    audio_delta_ms: Annotated[int, _in_range(20, 200)] = 200
+    min_commit_ms: NonNegativeInt = 100
+    max_input_buffer_s: PositiveFloat = 60.0
+    max_conversation_items: PositiveInt = 256
+    llm_context_tokens: PositiveInt = 2048
+    llm_workers: PositiveInt = 4
+    torch_threads: NonNegativeInt = 1
+    max_batch: PositiveInt = 8
+    vad_coalesce_window_s: NonNegativeFloat = 0.002
+    asr_coalesce_window_s: NonNegativeFloat = 0.005
+    tts_coalesce_window_s: NonNegativeFloat = 0.002
+    stall_timeout_s: PositiveFloat = 30.0
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     robot: RobotConfig = field(default_factory=RobotConfig)
     world: WorldConfig = field(default_factory=WorldConfig)
     echo: EchoConfig = field(default_factory=EchoConfig)
+    voice: VoiceConfig = field(default_factory=VoiceConfig)
 
     def enabled_kinds(self) -> list[str]:
         """Names of the session kinds this deployment serves, in a stable order."""
-        return [name for name in ("robot", "world", "echo") if getattr(self, name).enabled]
+        return [name for name in ("robot", "world", "echo", "voice") if getattr(self, name).enabled]
 
 
 def default_config_path() -> Path:

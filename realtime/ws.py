@@ -6,7 +6,7 @@ again later, 1001 going away on shutdown, 1000 a normal end the client asked for
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
@@ -44,11 +44,18 @@ async def close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
 
 
 async def serve_websocket(
-    websocket: WebSocket, ctx: ServerContext, kind: str, handler: Callable[[], Awaitable[None]]
+    websocket: WebSocket,
+    ctx: ServerContext,
+    kind: str,
+    handler: Callable[[], Awaitable[None]],
+    *,
+    subprotocol: str | None = None,
+    headers: Iterable[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    """A kind's endpoint: accept, then run ``handler`` tracked by the connection registry so
-    shutdown can close it with 1001. API key and ``Origin`` were already checked, before accept,
-    by the app's guard middleware (``realtime.auth.check_request``)."""
-    await websocket.accept()
+    """A kind's endpoint: accept (answering ``subprotocol`` and adding ``headers`` to the 101
+    response when given), then run ``handler`` tracked by the connection registry so shutdown
+    can close it with 1001. API key and ``Origin`` were already checked, before accept, by the
+    app's guard middleware (``realtime.auth.check_request``)."""
+    await websocket.accept(subprotocol=subprotocol, headers=headers)
     async with ctx.connections.track(websocket, kind):
         await handler()

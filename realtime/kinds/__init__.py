@@ -13,6 +13,7 @@ KIND_FACTORIES: dict[str, str] = {
     "robot": "realtime.kinds.robot:build_robot_service",
     "world": "realtime.kinds.world:build_world_service",
     "echo": "realtime.kinds.echo:build_echo_service",
+    "voice": "realtime.kinds.voice:build_voice_service",
 }
 
 
