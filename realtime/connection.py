@@ -69,6 +69,13 @@ CLOSES: dict[str, tuple[CloseCode, str]] = {
 CLOSE_FLUSH_S = 2.0  # how long a close frame may wait for a client's write buffer before abort
 
 
+class _Fields(dict):
+    """Close-text fields; one a text names but nobody passed renders as ``?``, never raises."""
+
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
 @dataclass(frozen=True)
 class Close:
     """Why a connection ends: a :data:`CLOSES` key (or ``disconnect``) and its text's fields."""
@@ -410,8 +417,10 @@ class Connection:
         reason = await session.wait_closed()
         if reason in ("close", "disconnect") or self._ended.is_set():
             return  # the connection itself asked for it
-        try:
-            close = await self.handler.session_ended(self, reason)
+        try:  # the goodbye is bounded: a client that does not read cannot keep the connection
+            close = await asyncio.wait_for(self.handler.session_ended(self, reason), CLOSE_FLUSH_S)
+        except TimeoutError:
+            close = runtime_close(reason)
         except SlowConsumerError:
             close = Close("slow_consumer")
         self.end(close.reason, close.message)
@@ -440,7 +449,7 @@ class Connection:
             log.info("client disconnected", extra={"kind": self.kind})
             return
         code, text = CLOSES[close.reason]
-        reason = text.format(message=close.message, **self._close_fields)
+        reason = text.format_map(_Fields(message=close.message, **self._close_fields))
         if close.reason not in ("slow_consumer", "internal"):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._flush(), CLOSE_FLUSH_S)
@@ -471,6 +480,8 @@ async def run_connection(
 ) -> None:
     """A kind's endpoint body: the skeleton with the server's connection limits."""
     server, runtime = ctx.config.server, ctx.config.runtime
+    section = getattr(ctx.config, kind, None)
+    fields = {"idle_timeout_s": getattr(section, "idle_timeout_s", 0), **fields}
     await Connection(
         websocket,
         handler,

@@ -197,7 +197,7 @@ async def test_a_client_that_never_reads_is_dropped_and_released_while_others_ar
             await _echo_round_trip(url, polite)  # served while the hog's output piles up
             await _until(lambda: sid not in echo.manager, 10.0)  # released through the one path
             assert not echo.manager.tombstones()
-            assert not any(runner.is_open(sid) for runner in echo.pipeline.runners)
+            assert not any(runner.is_open(sid) for runner in echo.runner.runners)
             await _until(lambda: any(_closed_slow(r) for r in caplog.records), 5.0)
             (record,) = [r for r in caplog.records if _closed_slow(r)]
             assert record.reason == f"client is not reading: over {MAX_OUTBOUND_BYTES} bytes queued"
@@ -302,14 +302,9 @@ async def test_an_echo_frame_over_echo_max_message_bytes_is_refused_1009_from_it
     await _echo_round_trip(base + "/v1/realtime/echo")
 
 
-# -- ends the runtime decides (known bugs, reported to the lead: remove the xfail with the fix) ---
+# -- ends the runtime decides -------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CLOSES['idle'] formats {idle_timeout_s}, which echo's run_connection does not pass: "
-    "KeyError in Connection._close_socket, no close frame (uvicorn logs an ASGI exception)",
-)
 async def test_an_idle_echo_session_is_closed_1008_naming_its_timeout():
     config = config_from_mapping(
         {
@@ -327,12 +322,6 @@ async def test_an_idle_echo_session_is_closed_1008_naming_its_timeout():
     assert (info.value.rcvd.code, info.value.rcvd.reason) == (1008, "idle timeout: no request for 0.5 s")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Connection._watch awaits handler.session_ended, whose goodbye send waits for room in a full "
-    "outbound queue forever: the connection is never ended (and uvicorn's keepalive only closes, "
-    "which waits for the unflushed buffer)",
-)
 async def test_a_session_the_runtime_closes_ends_its_connection_even_if_the_client_never_reads():
     config = config_from_mapping(
         {
