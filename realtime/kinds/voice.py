@@ -251,9 +251,10 @@ class _Audio:
 
 @dataclass(frozen=True)
 class _Marker:
-    """A commit or clear, passed through the pump so it applies after the appends before it."""
+    """A command that must apply after the appends sent before it (commit, clear, response
+    create/cancel): it passes through the pump, behind them."""
 
-    command: ce.AudioCommit | ce.AudioClear
+    command: ce.AudioCommit | ce.AudioClear | ce.ResponseCreate | ce.ResponseCancel
 
 
 @dataclass(frozen=True)
@@ -372,6 +373,7 @@ class _VoiceHandler:
         self.speech_item_id: str | None = None
         self.pending_transcripts: set[str] = set()
         self.response: _Response | None = None
+        self.queued_response: ResponseSettings | None = None  # server VAD's, after a barge-in
         self.last_response_id = ""
 
     # -- KindHandler ----------------------------------------------------------------------
@@ -436,11 +438,19 @@ class _VoiceHandler:
         fmt = self.config.input_format
         await self.audio_queue.put(_Audio(_decode_audio(item.audio, fmt), fmt.sample_rate))
 
-    async def _on_marker_command(self, conn: Connection, item: ce.AudioCommit | ce.AudioClear) -> None:
+    async def _on_ordered(self, conn: Connection, item: Any) -> None:
         await self.audio_queue.put(_Marker(item))
 
     async def _on_marker(self, conn: Connection, item: _Marker) -> None:
-        """A commit or clear, now that every append before it went through the VAD."""
+        """An ordered command, now that every append before it went through the VAD."""
+        if isinstance(item.command, ce.ResponseCreate):
+            await self._create_response(
+                conn, item.command.options.resolve(self.config), item.command.event_id
+            )
+            return
+        if isinstance(item.command, ce.ResponseCancel):
+            await self._on_response_cancel(conn, item.command)
+            return
         if isinstance(item.command, ce.AudioClear):
             self._reset_input()
             await self._send(conn, ev.AudioCleared())
@@ -480,8 +490,13 @@ class _VoiceHandler:
                 self.buffer.clear()
                 await self._send(conn, ev.SpeechStopped(item_id, decision.audio_end_ms))
                 await self._commit(conn, item_id, decision.audio)
-                if td.create_response:
-                    await self._create_response(conn, ResponseSettings.of_session(self.config), None)
+                if not td.create_response:
+                    continue
+                settings = ResponseSettings.of_session(self.config)
+                if self.response is not None and self.response.cancel_reason is not None:
+                    self.queued_response = settings  # the barged-in response is still closing
+                else:
+                    await self._create_response(conn, settings, None)
 
     async def _on_item_create(self, conn: Connection, item: ce.ItemCreate) -> None:
         new = item.item
@@ -539,9 +554,6 @@ class _VoiceHandler:
         entry.item = replace(message, content=tuple(content))
         entry.audio_ms = item.audio_end_ms
         await self._send(conn, ev.ItemTruncated(item.item_id, item.content_index, item.audio_end_ms))
-
-    async def _on_response_create(self, conn: Connection, item: ce.ResponseCreate) -> None:
-        await self._create_response(conn, item.options.resolve(self.config), item.event_id)
 
     async def _on_response_cancel(self, conn: Connection, item: ce.ResponseCancel) -> None:
         r = self.response
@@ -627,6 +639,9 @@ class _VoiceHandler:
         assert session is not None
         if status == "failed" and session.status.value == "failed":
             await session.reset()  # a failed tick released the KV; start the conversation's KV over
+        if self.queued_response is not None:
+            settings, self.queued_response = self.queued_response, None
+            await self._create_response(conn, settings, None)
 
     async def _on_expiring(self, conn: Connection, item: _Expiring) -> None:
         minutes = max(1, round(self.vc.max_lifetime_s / 60))
@@ -643,14 +658,14 @@ class _VoiceHandler:
         Rejected: _on_rejected,
         ce.SessionUpdate: _on_session_update,
         ce.AudioAppend: _on_append,
-        ce.AudioCommit: _on_marker_command,
-        ce.AudioClear: _on_marker_command,
+        ce.AudioCommit: _on_ordered,
+        ce.AudioClear: _on_ordered,
         ce.ItemCreate: _on_item_create,
         ce.ItemDelete: _on_item_delete,
         ce.ItemRetrieve: _on_item_retrieve,
         ce.ItemTruncate: _on_item_truncate,
-        ce.ResponseCreate: _on_response_create,
-        ce.ResponseCancel: _on_response_cancel,
+        ce.ResponseCreate: _on_ordered,
+        ce.ResponseCancel: _on_ordered,
         ce.OutputAudioClear: _on_output_audio_clear,
         _Marker: _on_marker,
         _Frames: _on_frames,
