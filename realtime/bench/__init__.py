@@ -13,6 +13,7 @@ SCENARIOS: dict[str, str] = {
     "engine": "realtime.bench.engine",
     "robot": "realtime.bench.robot",
     "world": "realtime.bench.world",
+    "voice": "realtime.bench.voice",
 }
 
 
