@@ -1,9 +1,13 @@
 """Robot policy sessions over the OpenPI websocket protocol (docs/protocols/openpi.md).
 
 Serves unmodified ``openpi-client`` robots at ``/`` and ``/v1/realtime/robot/openpi``. Each
-connection is one session of the session runtime (admission, idle timeout, reset, close through
-``SessionManager``); observations of all connected robots batch into one forward through the
+connection is one session of the session runtime (admission, optional idle timeout, reset, close
+through ``SessionManager``); observations of all connected robots batch into one forward through the
 policy's ``StageEngine``, on the engine's worker thread.
+
+Batching: ``robot.dispatch`` picks the engine's policy (``arrival`` by default: a robot that is
+connected but not sending does not hold a batch for the window). Errors: ``robot.error_mode``
+is passed to the codec, which decides the frames (``text`` by default).
 
 Per connection: the shared connection skeleton (``realtime.connection``) with an inline handler:
 strictly request/response as openpi's own server (the next frame is read only after the reply,
@@ -43,6 +47,7 @@ from realtime.logs import log_internal_error
 from realtime.protocols import openpi
 from realtime.ws import CloseCode
 from sessions.engine import StageEngine
+from sessions.engine.dispatch import ArrivalAware, Coalescing, DispatchPolicy
 from sessions.errors import SessionError
 from sessions.executor import StageExecutor
 
@@ -94,6 +99,15 @@ def build_policy(config: RobotConfig) -> Policy:
     return Pi0TinyPolicy(
         Pi0TinyConfig(seed=config.seed), preset=preset, device=resolve_device(config.device), **limits
     )
+
+
+def dispatch_policy(config: RobotConfig) -> DispatchPolicy:
+    """``robot.dispatch``: ``arrival`` waits the window only for robots whose arrival pattern
+    predicts them (a paused robot costs the others nothing); ``window`` waits for every robot
+    that has sent before and has nothing pending."""
+    if config.dispatch == "window":
+        return Coalescing(config.coalesce_window_s)
+    return ArrivalAware(config.coalesce_window_s, idle_after=config.idle_after_intervals)
 
 
 def handshake_metadata(policy: Policy, config: RobotConfig) -> dict[str, Any]:
@@ -157,10 +171,7 @@ class RobotService(KindServiceBase):
         assert self.policy is not None, "load() runs before start()"
         stage = PolicyStage(self.policy, name="robot-policy")
         self.runner = self.engine = StageEngine(
-            stage,
-            registry=self.ctx.registry,
-            max_batch=cfg.max_batch,
-            coalesce_window_s=cfg.coalesce_window_s,
+            stage, registry=self.ctx.registry, max_batch=cfg.max_batch, dispatch=dispatch_policy(cfg)
         )
         self.manager = build_session_manager(
             self.name,
@@ -176,7 +187,7 @@ class RobotService(KindServiceBase):
         )
 
     async def _endpoint(self, websocket: WebSocket) -> None:
-        await self.serve(websocket, _RobotHandler(self), idle_timeout_s=self.config.idle_timeout_s)
+        await self.serve(websocket, _RobotHandler(self))
 
 
 class _RobotHandler:

@@ -30,10 +30,18 @@ reading anything; then strictly one response per request, in request order. Requ
 observation map (answered with ``{"actions", "server_timing", "policy_timing"}``) or
 ``{"endpoint": "reset"}`` (answered with ``{"status": "reset successful"}``, as vllm-omni).
 
-Errors: in ``"recoverable"`` mode (default) a bad request is answered with the binary frame
-``{"type": "error", "code", "message"}`` and the session goes on (vllm-omni's in-band form plus
-a machine-readable ``code``). In ``"openpi"`` mode the reference server's behaviour is kept:
-a text frame, then close 1011 — but with a one-line message, never a traceback.
+Errors (``error_mode``; never a traceback, always ``<code>`` and a one-line message):
+
+- ``"text"`` (default): a bad request is answered with the text frame ``"<code>: <message>"``
+  and the session goes on. openpi-client raises ``RuntimeError("Error in inference server:\n"
+  "<code>: <message>")`` from ``infer()``; the script can catch it and call ``infer`` again on the
+  same client.
+- ``"recoverable"``: the binary frame ``{"type": "error", "code", "message"}`` (vllm-omni's
+  in-band form plus a machine-readable ``code``) and the session goes on; openpi-client returns
+  it from ``infer()`` as a dict.
+- ``"openpi"``: the reference server's behaviour: the text frame, then close 1011.
+
+A fatal error (:meth:`ServerConnection.fatal`) sends the mode's error frame and then closes.
 """
 
 from __future__ import annotations
@@ -60,13 +68,13 @@ INTERNAL_ERROR = 1011
 RESET_OK = {"status": "reset successful"}
 REPLY_BUFFER_BYTES = 16 * 1024  # a connection's packer starts this big and grows to its largest reply
 
-ErrorMode = Literal["recoverable", "openpi"]
+ErrorMode = Literal["text", "recoverable", "openpi"]
 _REFUSED_KINDS = frozenset("VOc")
 _MAX_NDIM = 32
 
 
 class ErrorCode(enum.StrEnum):
-    """Codes of ``{"type": "error", "code": ...}`` frames; documented in docs/protocols/openpi.md."""
+    """Codes of error frames (``"<code>: ..."`` text or ``{"code": ...}``); docs/protocols/openpi.md."""
 
     TEXT_FRAME = "text_frame_unsupported"
     MESSAGE_TOO_LARGE = "message_too_large"
@@ -340,7 +348,7 @@ class ServerConnection:
     """
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    error_mode: ErrorMode = "recoverable"
+    error_mode: ErrorMode = "text"
     max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
     state: State = State.HANDSHAKE
     _next_seq: int = 0
@@ -395,18 +403,19 @@ class ServerConnection:
         if isinstance(event, ResetDone):
             return Outbound((self._packer.pack(RESET_OK),))
         if self.error_mode == "openpi":
-            self.state = State.CLOSED
-            return Outbound((f"{event.code}: {event.message}",), (INTERNAL_ERROR, _reason(event.message)))
-        error = {"type": "error", "code": str(event.code), "message": event.message}
-        return Outbound((self._packer.pack(error),))
+            return self.fatal(event.code, event.message, INTERNAL_ERROR)
+        return Outbound((self._error_frame(event.code, event.message),))
 
     def fatal(self, code: str, message: str, close_code: int) -> Outbound:
         """Close the connection: an error frame in the configured form, then the close code."""
         self.state = State.CLOSED
-        if self.error_mode == "openpi":
-            return Outbound((f"{code}: {message}",), (close_code, _reason(message)))
-        body = self._packer.pack({"type": "error", "code": str(code), "message": message})
-        return Outbound((body,), (close_code, _reason(message)))
+        return Outbound((self._error_frame(code, message),), (close_code, _reason(message)))
+
+    def _error_frame(self, code: str, message: str) -> bytes | str:
+        """``"<code>: <message>"`` as a text frame (openpi-client raises it), or the msgpack dict."""
+        if self.error_mode == "recoverable":
+            return self._packer.pack({"type": "error", "code": str(code), "message": message})
+        return f"{code}: {message}"
 
 
 def _reason(message: str) -> str:

@@ -18,10 +18,12 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from models.policy.examples import aloha, droid, libero
 from models.policy.pi0_tiny import Pi0TinyPolicy
-from realtime.config import config_from_mapping
+from realtime.config import RobotConfig, config_from_mapping
 from realtime.kinds.robot import handshake_metadata
+from sessions.engine import Coalescing
 from tests.robot.test_pi0_tiny import pi0_obs
 from tests.serving import serve_in_process
+from tests.sessions.engine.test_arrival_dispatch import Spy
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")  # the module-scoped servers live on that loop
 
@@ -38,7 +40,8 @@ def in_client_thread(fn, *args, **kwargs):
 async def server():
     # device cpu: answers are compared with a CPU reference policy at 1e-4 (tests/robot/test_device.py
     # covers CUDA serving with a tolerance for TF32 convolutions)
-    robot = {"enabled": True, "max_message_bytes": LIMIT, "device": "cpu"}
+    # error_mode recoverable: these tests read the structured error dicts (text mode: default_server)
+    robot = {"enabled": True, "max_message_bytes": LIMIT, "device": "cpu", "error_mode": "recoverable"}
     config = config_from_mapping({"robot": robot})
     async with serve_in_process(config) as (url, srv):
         yield url.replace("http://", "ws://"), srv.rt_app.state.rt.kinds[0], config
@@ -267,7 +270,12 @@ async def aloha_server():
     config = config_from_mapping(
         {
             "runtime": {"max_sessions": 1},
-            "robot": {"enabled": True, "policy": "zeros", "observation_preset": "aloha"},
+            "robot": {
+                "enabled": True,
+                "policy": "zeros",
+                "observation_preset": "aloha",
+                "error_mode": "recoverable",
+            },
         }
     )
     async with serve_in_process(config) as (url, _):
@@ -293,3 +301,131 @@ async def test_fixed_preset_advertises_robot_dims_and_admission_is_bounded(aloha
     assert reply["actions"].shape == (50, 14)
     assert wrong["code"] == "invalid_observation"
     assert refused["type"] == "error" and refused["code"] == "session_limit_reached" and code == 1013
+
+
+# --------------------------------------------------------------------------- the defaults (issue 12)
+
+REAPER_S = 0.05
+
+
+@pytest.fixture(scope="module")
+async def default_server():
+    """The robot defaults (text errors, arrival-aware dispatch, no idle timeout), a fast reaper."""
+    config = config_from_mapping(
+        {"runtime": {"reaper_interval_s": REAPER_S}, "robot": {"enabled": True, "device": "cpu"}}
+    )
+    assert config.robot == RobotConfig(device="cpu")
+    async with serve_in_process(config) as (url, srv):
+        yield url.replace("http://", "ws://"), srv.rt_app.state.rt.kinds[0]
+
+
+def _image(value: float, dtype=np.float64, shape=(224, 224, 3)) -> np.ndarray:
+    return np.full(shape, value, dtype)
+
+
+# Each observation the server once accepted silently: (observation, key and rule in the message).
+SILENT_ACCEPTS = {
+    "float_image_above_1": (
+        {**libero(), "observation/image": _image(200.0)},
+        "'observation/image'",
+        "[0, 1]",
+    ),
+    "nan_image": (
+        {**libero(), "observation/wrist_image": _image(np.nan)},
+        "'observation/wrist_image'",
+        "finite",
+    ),
+    "state_rank_2": ({**libero(), "observation/state": np.zeros((8, 8))}, "'observation/state'", "shape [8]"),
+    "state_size": ({**libero(), "observation/state": np.zeros(7)}, "'observation/state'", "shape [8]"),
+    "ragged_state": (
+        {**libero(), "observation/state": [[1.0] * 4, [1.0] * 3]},
+        "'observation/state'",
+        "numeric array",
+    ),
+    "long_prompt": ({**libero(), "prompt": "x" * 2001}, "prompt", "at most 2000 characters"),
+}
+
+
+async def test_text_mode_errors_raise_runtime_error_and_the_same_client_goes_on(default_server, local):
+    url, _ = default_server
+
+    def go() -> dict[str, str]:
+        policy = WebsocketClientPolicy(url)
+        assert policy.get_server_metadata()["error_mode"] == "text"
+        raised = {}
+        try:
+            for name, (obs, _key, _rule) in SILENT_ACCEPTS.items():
+                with pytest.raises(RuntimeError) as info:
+                    policy.infer(obs)
+                raised[name] = str(info.value)
+                after = policy.infer(libero(1))  # the socket stays open: the next infer succeeds
+                np.testing.assert_allclose(after["actions"], expected(local, libero(1)), atol=1e-4)
+        finally:
+            policy._ws.close()
+        return raised
+
+    raised = await in_client_thread(go)
+    for name, (_obs, key, rule) in SILENT_ACCEPTS.items():
+        text = raised[name]
+        assert text.startswith("Error in inference server:\ninvalid_observation: "), (name, text)
+        assert key in text and rule in text and "Traceback" not in text, (name, text)
+
+
+async def test_one_active_robot_among_seven_paused_ones_is_served_at_once(default_server):
+    url, service = default_server
+    window = service.config.coalesce_window_s
+
+    def paused_robots() -> list[WebsocketClientPolicy]:
+        robots = [WebsocketClientPolicy(url) for _ in range(7)]
+        for i, robot in enumerate(robots):
+            robot.infer(libero(i))  # each sent a request, then went silent (still connected)
+        return robots
+
+    def active_robot() -> list[dict]:
+        policy = WebsocketClientPolicy(url)
+        try:
+            return [policy.infer(libero(100 + i)) for i in range(10)]
+        finally:
+            policy._ws.close()
+
+    paused = await in_client_thread(paused_robots)
+    spy = Spy(service.engine.dispatch)
+    service.engine.dispatch = spy
+    try:
+        await asyncio.sleep(0.3)  # silent for far more than idle_after_intervals x their interval
+        replies = await in_client_thread(active_robot)
+    finally:
+        service.engine.dispatch = spy.policy
+        for robot in paused:
+            await in_client_thread(robot._ws.close)
+    assert [r["policy_timing"]["batch_size"] for r in replies] == [1.0] * 10
+    assert spy.at_submit == [True] * 10  # each request went to the worker inside its submit
+    assert all(d is None for d in spy.decisions)  # no decision waited for a paused robot
+    # The paused robots held open engine slots throughout, and the window rule would have waited
+    # out coalesce_window_s for them at every request.
+    assert len(spy.views) == 10 and all(v.idle_sessions == 7 for v in spy.views)
+    assert not any(Coalescing(window).run_at_submit(v) for v in spy.views)
+    await _until(lambda: service.engine.active_sessions == 0)
+
+
+async def test_no_idle_close_by_default_even_after_a_long_pause(default_server, local):
+    url, service = default_server
+    assert service.config.idle_timeout_s == 0
+
+    def connect() -> WebsocketClientPolicy:
+        policy = WebsocketClientPolicy(url)
+        policy.infer(libero(2))
+        return policy
+
+    policy = await in_client_thread(connect)
+    try:
+        sessions = service.manager.list_sessions()
+        assert sessions
+        for session in sessions:  # as if the robot had paused for 31 s (the old default closed at 30)
+            session.last_active_at -= 31.0
+        await asyncio.sleep(10 * REAPER_S)  # the reaper sweeps about ten times
+        assert [s.session_id for s in service.manager.list_sessions()] == [s.session_id for s in sessions]
+        reply = await in_client_thread(policy.infer, libero(2))
+        np.testing.assert_allclose(reply["actions"], expected(local, libero(2)), atol=1e-4)
+    finally:
+        await in_client_thread(policy._ws.close)

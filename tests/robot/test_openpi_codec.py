@@ -198,7 +198,7 @@ def test_metadata_first_then_strict_request_reply_order():
     ],
 )
 def test_bad_requests_get_recoverable_error_replies(frame, code):
-    conn = ServerConnection()
+    conn = ServerConnection(error_mode="recoverable")
     conn.start({})
     cmd = conn.receive(frame)
     assert isinstance(cmd, Rejected) and cmd.code == code

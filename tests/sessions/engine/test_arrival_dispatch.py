@@ -122,9 +122,11 @@ class Spy:
         self.policy = policy
         self.silence = policy.silence
         self.at_submit: list[bool] = []
+        self.views: list[SessionView] = []  # what each run_at_submit saw
         self.decisions: list[float | None] = []
 
     def run_at_submit(self, view):
+        self.views.append(view)
         self.at_submit.append(self.policy.run_at_submit(view))
         return self.at_submit[-1]
 
