@@ -302,6 +302,22 @@ async def test_an_echo_frame_over_echo_max_message_bytes_is_refused_1009_from_it
     await _echo_round_trip(base + "/v1/realtime/echo")
 
 
+async def test_a_second_echo_while_one_streams_is_busy_and_the_first_completes(served):
+    base, _ = served
+    async with websockets.connect(base + "/v1/realtime/echo") as ws:
+        await _recv_type(ws, "session.created")
+        words = [f"w{i}" for i in range(50)]
+        await ws.send(json.dumps({"type": "echo", "text": " ".join(words)}))
+        await ws.send(json.dumps({"type": "echo", "text": "too soon"}))  # read while the first streams
+        messages = []
+        while (msg := json.loads(await asyncio.wait_for(ws.recv(), 10.0)))["type"] != "echo.done":
+            messages.append(msg)
+        busy = [m for m in messages if m["type"] == "error"]
+        assert [m["code"] for m in busy] == ["busy"]
+        assert [m["text"] for m in messages if m["type"] == "echo.delta"] == [w.upper() for w in words]
+        assert msg == {"type": "echo.done", "chunk_index": 0, "words": len(words)}
+
+
 # -- ends the runtime decides -------------------------------------------------------------------
 
 
