@@ -8,8 +8,10 @@ streams a spoken question (synthesized offline by the hibari voice, with silence
 (the response is then cancelled: the rest of the answer does not change TTFA).
 
 1. **Model time**: the same turn's model work run directly, one call after another on the loaded
-   models (ASR of the utterance, LLM until its first clause, TTS of that clause); TTFA minus this is
-   the **server overhead** (VAD, engines, queues, pipeline hops, protocol, loopback).
+   models (ASR of the utterance as VAD cuts it, LLM until its first clause, TTS of that clause;
+   median of at least 3); TTFA minus this is the **server overhead** (VAD, engines, queues,
+   pipeline hops, protocol, loopback). On a shared machine both are noisy: a negative overhead
+   means the direct run was slowed more than the served one.
 2. TTFA at 1, 4 and 8 concurrent sessions (every session speaks at the same moment), median over
    ``--rounds`` rounds and the sessions.
 3. **Chunked vs full handoff**, 1 session: TTS on the first clause the LLM streams (the default)
@@ -42,12 +44,15 @@ QUESTION = "Tell me about the city of Paris."
 
 
 def spoken(tts: Any, text: str) -> tuple[bytes, np.ndarray]:
-    """``text`` spoken with 0.5 s of silence before and 1.0 s after: (pcm16 24 kHz, float32 16 kHz)."""
+    """``text`` spoken: what the client streams (0.5 s of silence before, 1.0 s after; pcm16
+    24 kHz) and about what server VAD commits of it (0.3 s before, 0.5 s after: the default
+    prefix padding and silence duration; float32 16 kHz), for the direct model run."""
     from models.voice.audio import float_to_pcm16
 
     speech = tts.synthesize(text, seed=0)
-    audio = np.concatenate([np.zeros(12_000, np.float32), speech, np.zeros(24_000, np.float32)])
-    return float_to_pcm16(audio), soxr.resample(audio, 24_000, 16_000).astype(np.float32)
+    streamed = np.concatenate([np.zeros(12_000, np.float32), speech, np.zeros(24_000, np.float32)])
+    committed = np.concatenate([np.zeros(7_200, np.float32), speech, np.zeros(12_000, np.float32)])
+    return float_to_pcm16(streamed), soxr.resample(committed, 24_000, 16_000).astype(np.float32)
 
 
 def model_time_ms(models: dict[str, Any], audio_16k: np.ndarray, reps: int) -> dict[str, float]:
@@ -149,7 +154,7 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         service = next(k for k in state.kinds if k.name == "voice")
         url = state.url.replace("http://", "ws://") + "/v1/realtime"
         pcm, audio_16k = spoken(service.models_loaded["tts"], args.question)
-        model = await asyncio.to_thread(model_time_ms, service.models_loaded, audio_16k, args.rounds)
+        model = await asyncio.to_thread(model_time_ms, service.models_loaded, audio_16k, max(3, args.rounds))
         print(f"model time, one turn run directly: ASR {model['asr']:.0f} ms + LLM to first clause "
               f"{model['llm_first_clause']:.0f} ms + TTS {model['tts_first_clause']:.0f} ms = {model['total']:.0f} ms")  # fmt: skip
         await ttfa(url, pcm, 1, 1)  # warm-up: first-use costs of every engine
