@@ -150,7 +150,7 @@ class WorldConfig:
     max_fps: PositiveInt = 60
     default_pacing: Literal["realtime", "fast"] = "realtime"
     max_ahead_blocks: PositiveInt = 2
-    pacing_margin_s: NonNegativeFloat = 0.05
+    pacing_margin_s: NonNegativeFloat = 0.04
     pacing_window: PositiveInt = 8
     jpeg_quality: JpegQuality = 85
     max_message_bytes: PositiveInt = 65536

@@ -14,27 +14,46 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    world kind's generate-ahead: decode and encode of block k overlap the denoising of k + 1) vs
    block by block;
 4. continuous-play ratio when paced at ``--fps``: the share of blocks (one session) ready before
-   the media clock needs them.
+   the media clock needs them;
+5. key-to-first-affected-frame latency **through the protocol**: ``realtime serve`` (world kind
+   only) in a child process on loopback, a websockets client that starts a ``realtime``-paced JPEG
+   session, plays it as the client model of docs/protocols/world.md ("Pacing and latency") and
+   sends ``--presses`` keys controls at phases spread evenly over the block clock; latency = when the first
+   frame of the first chunk whose ``applied_event_ids`` holds the event plays, minus when the
+   event was sent (p50, p95), with the continuous-play ratio of the same run.
 
 Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``,
-``pipeline_overlap_ratio``.
+``pipeline_overlap_ratio``, ``continuous_play_ratio``, ``key_to_frame_ms_p50``,
+``key_to_frame_ms_p95``, ``key_to_frame_continuous_play_ratio``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import socket
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+import websockets
+import yaml
 from prometheus_client import CollectorRegistry
 
 from models.world.configs import CONFIGS, WEIGHTS_DIR
 from models.world.model import WorldModel, WorldTick, tokenize
 from models.world.sampler import BlockRequest, recompute_generate
 from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
+from realtime.kinds.world_pacing import PlaybackPacer
 from realtime.media.stage import MediaEncodeStage, MediaSettings
 from sessions.engine import Pipeline, StageEngine
 
@@ -178,6 +197,141 @@ def continuous_play(args) -> float:
     return ready / args.ticks
 
 
+@contextlib.contextmanager
+def world_server(args) -> Iterator[str]:
+    """``realtime serve`` with only the world kind, in a child process on a free loopback port;
+    yields its websocket base URL once ``/readyz`` answers 200."""
+    config = {
+        "server": {"log_level": "warning"},
+        "robot": {"enabled": False},
+        "world": {
+            "enabled": True,
+            "model": args.model,
+            "device": args.device,
+            "dtype": args.dtype,
+            "torch_threads": args.threads,
+            **({} if args.pacing_margin_s is None else {"pacing_margin_s": args.pacing_margin_s}),
+        },
+    }
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "deploy.yaml"
+        path.write_text(yaml.safe_dump(config))
+        cmd = [sys.executable, "-m", "realtime.cli", "serve", "--config", str(path), "--port", str(port)]
+        proc = subprocess.Popen(cmd)
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"realtime serve exited with {proc.returncode} during startup")
+                with contextlib.suppress(OSError):
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("realtime serve not ready after 180 s")
+                time.sleep(0.1)
+            yield f"ws://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+_PRESSES = (["a"], ["d"], ["w"], [])  # each event changes the held keys
+
+
+@dataclass
+class KeyToFrame:
+    """One protocol run: per-press latencies (ms) and the client's playback."""
+
+    latencies_ms: list[float] = field(default_factory=list)
+    echo_mismatches: int = 0
+    chunks: int = 0
+    stalls: int = 0
+    lead_ms: list[float] = field(default_factory=list)
+
+    def continuous_ratio(self) -> float:
+        """Share of chunks after the first that arrived before the client ran dry."""
+        return 1.0 - self.stalls / max(1, self.chunks - 1)
+
+
+async def _key_to_frame(url: str, fps: int, presses: int, warmup_s: float, seed: int) -> KeyToFrame:
+    out = KeyToFrame()
+    sent_at: dict[int, float] = {}  # event id -> time.monotonic() of the send
+    player = PlaybackPacer(fps, 0.0, 1, float("inf"))  # the client model: plays at fps, stalls
+    first_chunk = asyncio.get_running_loop().create_future()
+    async with websockets.connect(f"{url}/v1/realtime/world?protocol_version=1", max_size=2**24) as ws:
+
+        async def read() -> None:
+            meta = None
+            async for message in ws:
+                now = time.monotonic()
+                if isinstance(message, str):
+                    msg = json.loads(message)
+                    if msg["type"] == "chunk.metadata":
+                        meta = msg
+                    elif msg["type"] == "error":
+                        raise RuntimeError(f"server error: {msg['error']}")
+                    continue
+                assert meta is not None and len(message) == meta["byte_length"]
+                shows_at = player.sent(meta["frame_count"], now, 0.0)
+                out.chunks += 1
+                if meta["timing"].get("lead_ms") is not None:
+                    out.lead_ms.append(meta["timing"]["lead_ms"])
+                applied = [i for i in meta["applied_event_ids"] if i in sent_at]
+                for event_id in applied:
+                    out.latencies_ms.append((shows_at - sent_at.pop(event_id)) * 1000)
+                if applied and meta["client_ts_ms"] != round(1000 * max(applied), 3):
+                    out.echo_mismatches += 1
+                if not first_chunk.done():
+                    first_chunk.set_result(now)
+                if len(out.latencies_ms) == presses:
+                    return
+
+        start = {"type": "session.start", "prompt": "stone", "seed": seed, "fps": fps, "pacing": "realtime"}
+        await ws.send(json.dumps(start))
+        created = json.loads(await asyncio.wait_for(ws.recv(), 60))
+        assert created["type"] == "session.created", created
+        block_s = created["capabilities"]["frames_per_chunk"]["later"] / fps
+        reader = asyncio.create_task(read())
+        await asyncio.wait_for(asyncio.shield(first_chunk), 60)
+        await asyncio.sleep(warmup_s)
+        out.stalls = player.stalls = 0
+        out.chunks = 1
+        t0 = time.monotonic()
+        for i in range(1, presses + 1):
+            # press i at block i + frac(i * golden ratio): phases spread evenly over the block
+            # clock whatever its offset, so the median is not a lucky draw of a few phases
+            await asyncio.sleep(max(0.0, t0 + block_s * (i + (i * 0.6180339887) % 1) - time.monotonic()))
+            controls = [{"track": "keys", "schema": "world.keys.v1", "data": {"pressed": _PRESSES[i % 4]}}]
+            sent_at[i] = time.monotonic()
+            # the echo is the event's own id here, so a mismatch is a real echo bug
+            event = {"type": "session.event", "event_id": i, "client_ts_ms": 1000.0 * i, "controls": controls}
+            await ws.send(json.dumps(event))
+        await asyncio.wait_for(reader, 30)
+        out.stalls = player.stalls
+        await ws.send(json.dumps({"type": "session.close"}))
+    return out
+
+
+def key_to_frame(args) -> KeyToFrame:
+    """Key-to-first-affected-frame latency through the protocol (section 5 of the docstring)."""
+    with world_server(args) as url:
+        return asyncio.run(_key_to_frame(url, args.fps, args.presses, args.press_warmup_s, args.seed))
+
+
+def _pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="realtime bench world", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="world-tiny", choices=sorted(CONFIGS))
@@ -189,7 +343,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ticks", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--presses", type=int, default=48, help="key presses of the protocol run (>= 20)")
+    p.add_argument(
+        "--pacing-margin-s", type=float, help="the served world.pacing_margin_s (default: its default)"
+    )
+    p.add_argument("--press-warmup-s", type=float, default=2.0, help="playback before the first press")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--key-to-frame-only", action="store_true", help="run section 5 alone")
     args = p.parse_args(argv)
+    if args.key_to_frame_only:
+        return _print_key_to_frame(args, {})
     torch.set_num_threads(args.threads)
     with torch.no_grad():
         lat = tick_latency(args)
@@ -209,14 +372,31 @@ def main(argv: list[str]) -> int:
               f"block by block (x{overlapped / serial:.2f})")  # fmt: skip
         play = continuous_play(args)
         print(f"continuous-play ratio paced at {args.fps} fps (1 session): {play:.2f}")
-    print(json.dumps({
+    return _print_key_to_frame(args, {
         "tick_ratio_100_vs_5": round(lat["resident_ms_100"] / lat["resident_ms_5"], 3),
         "recompute_ratio_100": round(lat["recompute_ms_100"] / lat["resident_ms_100"], 3),
         "batched_vs_sliced_4": round(ratios[4], 3),
         "pipeline_overlap_ratio": round(overlapped / serial, 3),
         "continuous_play_ratio": round(play, 3),
+    })  # fmt: skip
+
+
+def _print_key_to_frame(args, figures: dict[str, float]) -> int:
+    """Run section 5, print it, then the final JSON line (``figures`` + the latency figures)."""
+    run = key_to_frame(args)
+    p50, p95 = statistics.median(run.latencies_ms), _pct(run.latencies_ms, 95)
+    lead = statistics.median(run.lead_ms) if run.lead_ms else float("nan")
+    print(f"key-to-frame latency through the protocol ({len(run.latencies_ms)} presses at {args.fps} fps): "
+          f"p50 {p50:.0f} ms, p95 {p95:.0f} ms, max {max(run.latencies_ms):.0f} ms; server lead p50 {lead:.0f} ms; "
+          f"continuous-play {run.continuous_ratio():.3f} ({run.stalls} stalls in {run.chunks} chunks); "
+          f"echo mismatches {run.echo_mismatches}")  # fmt: skip
+    print(json.dumps({
+        **figures,
+        "key_to_frame_ms_p50": round(p50, 1),
+        "key_to_frame_ms_p95": round(p95, 1),
+        "key_to_frame_continuous_play_ratio": round(run.continuous_ratio(), 3),
         "device": args.device,
         "model": args.model,
         "dtype": args.dtype,
     }))  # fmt: skip
-    return 0
+    return 0 if run.echo_mismatches == 0 else 1

@@ -49,14 +49,16 @@ class PlaybackPacer:
         """A block committed: its ``frames`` are on their way to the client."""
         self.unsent_frames += frames
 
-    def sent(self, frames: int, now: float, tick_s: float) -> None:
-        """A chunk of ``frames`` was written at ``now``, ``tick_s`` after its tick started."""
+    def sent(self, frames: int, now: float, tick_s: float) -> float:
+        """A chunk of ``frames`` was written (or, on the client, arrived) at ``now``, ``tick_s``
+        after its tick started; returns when its first frame plays."""
         self.unsent_frames = max(0, self.unsent_frames - frames)
         if self.play_end is not None and now > self.play_end:
             self.stalls += 1
         start = now if self.play_end is None else max(self.play_end, now)
         self.play_end = start + frames / self.fps
         self._tick_s.append(tick_s)
+        return start
 
     def lead_s(self) -> float | None:
         """Media the client should still hold when the next block starts; ``None`` before any
