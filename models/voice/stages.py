@@ -93,10 +93,7 @@ class VadStage:
         slots = [self._slot(item) for item in items]
         checkpoints = [s.stream.checkpoint() for s in slots]
         try:
-            frames = [
-                s.stream.take_frames(s.resampler.push(self._rated(s, item.payload)))
-                for s, item in zip(slots, items, strict=True)
-            ]
+            frames = [self._frames(s, item.payload) for s, item in zip(slots, items, strict=True)]
             probs = [np.empty(len(f), np.float32) for f in frames]
             for i in range(max((len(f) for f in frames), default=0)):
                 batch = [k for k, f in enumerate(frames) if len(f) > i]
@@ -118,10 +115,10 @@ class VadStage:
         return slot
 
     @staticmethod
-    def _rated(slot: _VadSlot, payload: VadInput) -> np.ndarray:
+    def _frames(slot: _VadSlot, payload: VadInput) -> np.ndarray:
         if slot.resampler.in_rate != payload.sample_rate:  # the session changed its input format
             slot.resampler = Resampler(payload.sample_rate, VAD_RATE)
-        return payload.samples
+        return slot.stream.take_frames(slot.resampler.push(payload.samples))
 
 
 # ------------------------------------------------------------------------------------- ASR
