@@ -19,8 +19,9 @@ cores, each then ran at an eighth of real time): from the measured step time at 
 how many paced sessions keep their rate; :func:`with_compute_limit` caps a memory plan by it.
 
 :func:`available_memory_bytes` measures free device memory: ``torch.cuda.mem_get_info`` on a
-CUDA device, ``MemAvailable`` of ``/proc/meminfo`` (or ``sysconf``) on the CPU. Kinds measure
-it after loading their models, so earlier kinds' preallocated pools are already deducted.
+CUDA device, ``MemAvailable`` of ``/proc/meminfo`` (or ``sysconf``) on the CPU. Each kind
+measures it once, before it allocates its own pools (so earlier kinds' pools are deducted and its
+own are not), and sizes its pools and its admission from that one plan.
 """
 
 from __future__ import annotations

@@ -132,12 +132,6 @@ class ShuttingDownError(SessionError):
     code = "shutting_down"
 
 
-class MailboxFullError(SessionError):
-    """A session runner's mailbox is at its bound; the item was not queued."""
-
-    code = "mailbox_full"
-
-
 class TransientError(SessionError):
     """Work was refused for now (a full queue, backpressure) before anything started: nothing
     changed, the session stays ACTIVE, and the same request may be sent again later."""

@@ -1,9 +1,8 @@
 """``SessionRunner``: the single-writer mailbox of a session (architecture invariant 2).
 
 Contract (the duplex runner's concurrency model, vllm-omni surfaces reference §3.3): the runner
-owns one session's mutations. ``submit(item)`` puts a command into a bounded mailbox without
-waiting (a full mailbox raises :class:`MailboxFullError`, answered as backpressure), ``await
-put(item)`` waits for room instead (a reader's backpressure), ``post(item)`` queues the runner's
+owns one session's mutations. ``await put(item)`` puts a command into a bounded mailbox, waiting
+for room when it is full (the reader's backpressure: it stops reading), ``post(item)`` queues the runner's
 own follow-up work past the bound (tick outcomes, timers); the runner task awaits
 ``handle(item)`` for one item at a time, in order. A handler exception goes to
 ``on_error(item, exc)`` (default: logged) and the runner goes on. Slow work is never awaited
@@ -19,7 +18,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from sessions.errors import MailboxFullError
 from sessions.log_context import session_context
 
 log = logging.getLogger("sessions.runner")
@@ -56,14 +54,6 @@ class SessionRunner(Generic[Item]):
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"runner-{self._session_id}")
-
-    def submit(self, item: Item) -> None:
-        """Queue ``item`` for the runner; raises ``MailboxFullError`` at the bound."""
-        if self._mailbox.qsize() >= self._limit:
-            raise MailboxFullError(
-                f"session {self._session_id} has {self._limit} commands waiting", limit=self._limit
-            )
-        self._mailbox.put_nowait(item)
 
     async def put(self, item: Item) -> None:
         """Queue ``item``, waiting while the mailbox is at its bound (a reader's backpressure)."""

@@ -47,18 +47,16 @@ from models.world.kv_cache import KVGeometry
 from models.world.model import WorldModel, WorldTick
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
 from models.world.vae import decoder_state_bytes
-from realtime.connection import Close, Connection, run_connection
-from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
+from realtime.connection import Close, Connection, runtime_close
+from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
 from realtime.kinds.world_pacing import PlaybackPacer
 from realtime.media.stage import EncodedMedia, MediaEncodeStage, MediaSettings
 from realtime.protocols import world as proto
-from realtime.ws import serve_websocket
 from sessions.capacity import CapacityPlan, MemoryDeclaration, paced_capacity, with_compute_limit
 from sessions.engine import Pipeline, PipelineResult, StageEngine
-from sessions.errors import SessionError, TickSupersededError
+from sessions.errors import SessionError, TickSupersededError, TransientError
 from sessions.executor import StageExecutor
-from sessions.manager import SessionManager
 from sessions.tick import TickOutput
 
 log = logging.getLogger("realtime.world")
@@ -92,19 +90,18 @@ def resolve_model(name: str, weights: str | None) -> tuple[WorldModelConfig, Pat
     return CONFIGS[name], trained if trained.is_file() else None
 
 
-class WorldService:
+class WorldService(KindServiceBase):
     """The ``world`` session kind (``realtime.kinds.base.SessionKindService``)."""
 
     name = "world"
 
     def __init__(self, ctx: ServerContext) -> None:
-        self.ctx = ctx
+        super().__init__(ctx)
         self.config = ctx.config.world
         self.model: WorldModel | None = None
         self.plan: CapacityPlan | None = None
         self.step_seconds: dict[int, float] = {}
         self.pipeline: Pipeline | None = None
-        self.manager: SessionManager | None = None
         self.errors = Counter(
             "realtime_world_errors", "world protocol errors by code", ["code"], registry=ctx.registry
         )
@@ -190,7 +187,7 @@ class WorldService:
             f"stages hold {declared} bytes per session, planned {plan.per_session_bytes}"
         )
         registry = self.ctx.registry
-        self.pipeline = Pipeline(
+        self.runner = self.pipeline = Pipeline(
             [
                 StageEngine(
                     s, registry=registry, max_batch=wc.max_batch, coalesce_window_s=wc.coalesce_window_s
@@ -211,21 +208,8 @@ class WorldService:
         await self.manager.start()
         log.info("world sessions ready", extra={"capacity": self.manager.capacity, "max_batch": wc.max_batch})
 
-    async def stop(self) -> None:
-        if self.manager is not None:
-            await self.manager.shutdown()
-        if self.pipeline is not None:
-            await self.pipeline.close()
-
     async def _endpoint(self, websocket: WebSocket) -> None:
-        assert self.manager is not None
-        handler = _WorldHandler(self, websocket.query_params.get("protocol_version"))
-        await serve_websocket(
-            websocket,
-            self.ctx,
-            self.name,
-            lambda: run_connection(websocket, self.ctx, self.name, handler, self.manager),
-        )
+        await self.serve(websocket, _WorldHandler(self, websocket.query_params.get("protocol_version")))
 
 
 def measure_step_seconds(model: WorldModel, max_batch: int, reps: int = 2) -> dict[int, float]:
@@ -333,7 +317,7 @@ class _WorldHandler:
         self._stop_timer()
         session = conn.session
         await conn.send(proto.render_closed(session.session_id if session else None, reason))
-        return Close("shutdown") if reason == "shutdown" else Close("closed", reason)
+        return runtime_close(reason)
 
     async def handle(self, conn: Connection, item: Any) -> None:
         if isinstance(item, _TickDone):
@@ -463,7 +447,7 @@ class _WorldHandler:
                 raise error  # a bug: the skeleton logs it and closes 1011
             if isinstance(error, TickSupersededError):
                 return
-            if error.code == "busy":  # transient: the engine queue is full; try again later
+            if isinstance(error, TransientError):  # a full engine queue: nothing changed; try again
                 self._wake_in(conn, 0.05)
                 return
             self.paused = True

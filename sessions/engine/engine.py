@@ -10,8 +10,8 @@ engine's :class:`~sessions.engine.dispatch.DispatchPolicy`:
   nothing pending (waiting cannot grow the batch), or when the window is 0; otherwise wait until
   the oldest ready item's arrival + ``coalesce_window_s`` (later arrivals never extend it).
 - :class:`~sessions.engine.dispatch.ArrivalAware`: the same window, waiting only for idle
-  sessions whose arrival pattern predicts them (the engine reports every queued item and every
-  release to its policy).
+  sessions whose arrival pattern predicts them (the engine reports every queued item, every
+  batch's outputs going out and every release to its policy).
 - :class:`~sessions.engine.dispatch.FrameClock`: every ``period_s`` all open sessions step
   together; a session with nothing pending steps on the policy's silence input and its output
   goes to the policy's ``on_silence_output``.
@@ -274,10 +274,6 @@ class StageEngine:
             if left := self._releasing.pop(session_id) - 1:
                 self._releasing[session_id] = left
             self._update_slot_gauges()
-
-    async def evict(self, session_id: str) -> None:
-        """Release a session to make room (LRU eviction): the same path with reason ``evicted``."""
-        await self.release(session_id, "evicted")
 
     # ----------------------------------------------------------------- work
 
@@ -596,6 +592,7 @@ class StageEngine:
             self._running = self._idle = None
             if idle is not None:
                 idle.set_result(None)
+        self.dispatch.completed([work.session_id for work in batch], asyncio.get_running_loop().time())
         self._dispatch()
 
     def _fan_out(

@@ -43,7 +43,7 @@ async def test_open_is_idempotent_and_capacity_is_enforced(make_engine, registry
         await engine.open("b")
         with pytest.raises(SlotsExhaustedError):
             await engine.open("c")
-        await engine.evict("a")
+        await engine.release("a", "evicted")
         await engine.open("c")
     with pytest.raises(EngineConfigError, match="slot_capacity"):
         StageEngine(PooledStateStage(slot_capacity=2), registry=registry, max_sessions=3)

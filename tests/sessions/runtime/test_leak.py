@@ -36,8 +36,8 @@ async def test_ten_thousand_cycles_leave_no_sessions_tasks_or_tombstones():
 
         runner = SessionRunner(handle, mailbox_size=4)
         runner.start()
-        runner.submit("event")
-        runner.submit("tick")
+        runner.post("event")
+        runner.post("tick")
         await runner.stop()
         committed += len(ticks)
         if i % 1000 == 0:
