@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 
+import numpy as np
 import pytest
+import soxr
 import websockets
 
+from models.voice.audio import float_to_ulaw
 from realtime.protocols.oai_realtime import Dialect
 from tests.voice.realtime_client import append_audio, connect, response_text, types, voice_server
 
@@ -104,7 +108,11 @@ async def test_spoken_question_beta_dialect_manual_commit(server, spoken_questio
         assert kinds.index(ITEM_ADDED[BETA], kinds.index("response.output_item.added")) < kinds.index(
             "response.content_part.added"
         )  # beta: the assistant item is created before its first content part
-        assert any(w in response_text(got, BETA).lower() for w in spoken_question.answer_words), [(e["type"], e.get("transcript"), e.get("delta", "")[:20]) for e in got if "audio.delta" not in e["type"]]
+        assert any(w in response_text(got, BETA).lower() for w in spoken_question.answer_words), [
+            (e["type"], e.get("transcript"), e.get("delta", "")[:20])
+            for e in got
+            if "audio.delta" not in e["type"]
+        ]
         assert AUDIO_DELTA[BETA] in kinds
 
 
@@ -261,3 +269,47 @@ async def test_subprotocol_answered_served_model_header_and_unknown_paths_close_
     assert (
         closed.value.rcvd.code == 1008 and closed.value.rcvd.reason == "no such endpoint: /v1/no/such/thing"
     )
+
+
+async def test_g711_in_and_out_beta(server, spoken_question):
+    url, _ = server
+    pcm = np.frombuffer(spoken_question.pcm16_24k, "<i2").astype(np.float32) / 32768
+    ulaw = float_to_ulaw(soxr.resample(pcm, 24_000, 8_000))
+    async with connect(url, BETA) as (conn, events):
+        await conn.session.update(
+            session={"input_audio_format": "g711_ulaw", "output_audio_format": "g711_ulaw"}
+        )
+        session = (await events.until("session.updated"))[-1]["session"]
+        assert session["input_audio_format"] == session["output_audio_format"] == "g711_ulaw"
+        for start in range(0, len(ulaw), 1600):  # 200 ms of 8 kHz G.711 per append
+            await conn.input_audio_buffer.append(audio=base64.b64encode(ulaw[start : start + 1600]).decode())
+        got = await events.until("response.done", timeout=90)
+        transcript = next(e for e in got if e["type"].endswith("input_audio_transcription.completed"))
+        assert all(w in transcript["transcript"].lower() for w in spoken_question.transcript_words)
+        deltas = [base64.b64decode(e["delta"]) for e in got if e["type"] == AUDIO_DELTA[BETA]]
+        assert deltas and max(map(len, deltas)) <= 1600  # 200 ms of 8 kHz, one byte a sample
+        assert got[-1]["response"]["output_audio_format"] == "g711_ulaw"
+
+
+async def test_a_full_server_says_why_and_closes_1013(server):
+    url, service = server
+    key = "?api_key=voice-test-key"
+    opened = []
+    for _ in range(100):  # the previous tests' sessions are released once their sockets closed
+        if not service.manager.list_sessions():
+            break
+        await asyncio.sleep(0.05)
+    try:
+        for _ in range(service.manager.capacity):
+            ws = await websockets.connect(url + "/realtime" + key)
+            opened.append(ws)
+            assert '"session.created"' in await asyncio.wait_for(ws.recv(), 10)
+        async with websockets.connect(url + "/realtime" + key) as ws:
+            error = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            assert error["type"] == "error" and error["error"]["type"] == "server_error"
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+        assert closed.value.rcvd.code == 1013
+    finally:
+        for ws in opened:
+            await ws.close()
