@@ -1,9 +1,9 @@
 """Dispatch policies: when a :class:`~sessions.engine.engine.StageEngine` runs its next batch.
 
 The engine asks its policy only while no forward runs, so work that arrives during a forward joins
-the next batch. It also tells the policy of every item it queues (``arrived``) and of every
-session it releases (``forget``), so a policy may learn each session's arrival pattern. Three
-policies:
+the next batch. It also tells the policy of every item it queues (``arrived``), of the sessions
+of every batch whose outputs went out (``completed``) and of every session it releases
+(``forget``), so a policy may learn each session's arrival pattern. Three policies:
 
 - :class:`Coalescing` (request-driven kinds: robots, world blocks): run at once when ``max_batch``
   sessions have ready work, or when at most ``eager_remaining`` open sessions have nothing pending
@@ -11,12 +11,12 @@ policies:
   item's arrival + ``window_s``. The deadline belongs to that item: later arrivals join the batch
   but never extend the wait.
 - :class:`ArrivalAware` (robots, the default of the robot kind): the coalescing window, but an
-  idle session counts as "could still join" only when its arrival pattern predicts it: its next
-  arrival (last arrival + its typical interval, the median of its last :data:`HISTORY`
-  inter-arrival times) falls before the window's deadline, and it has not been silent for more
-  than ``idle_after`` typical intervals. A connected robot that paused (between episodes, at a
-  breakpoint) therefore costs the others nothing, while robots that send together still batch
-  whole. With no idle session predicted, the batch runs at once.
+  idle session counts as "could still join" only when its pattern predicts it: its next request
+  (its last output + its typical gap from a reply to the next request, the median of its last
+  :data:`HISTORY` gaps) falls before the window's deadline, and it has been silent since its
+  output for less than ``idle_after`` typical gaps (at least the window). A connected robot that
+  paused (between episodes, at a breakpoint) therefore costs the others nothing, while robots
+  that send together still batch whole. With no idle session predicted, the batch runs at once.
 - :class:`FrameClock` (full-duplex voice): the server clock drives steps, not input arrival. Every
   ``period_s`` every open session steps together in one batch; a session with nothing pending
   steps on ``silence(session_id)`` (counted in ``silent_steps``) and its output goes to
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -66,6 +66,10 @@ class DispatchPolicy(Protocol):
 
     def arrived(self, session_id: str, now: float) -> None:
         """An item of ``session_id`` was queued at loop time ``now`` (before the engine decides)."""
+        ...
+
+    def completed(self, session_ids: Iterable[str], now: float) -> None:
+        """A batch's outputs (or failures) went out at ``now``: one item of each of these sessions."""
         ...
 
     def forget(self, session_id: str) -> None:
@@ -106,31 +110,42 @@ class Coalescing:
     def arrived(self, session_id: str, now: float) -> None:
         return None  # the window does not depend on who sends
 
+    def completed(self, session_ids: Iterable[str], now: float) -> None:
+        return None
+
     def forget(self, session_id: str) -> None:
         return None
 
 
-# Inter-arrival times kept per session. Their median is the session's typical interval: one
-# pause is an outlier it ignores, and a lasting change of rate wins after about HISTORY / 2 arrivals.
+# Reply-to-request gaps kept per session. Their median is the session's typical gap: one pause
+# is an outlier it ignores, and a lasting change of pace wins after about HISTORY / 2 requests.
 HISTORY = 8
 
 
 @dataclass(slots=True)
 class _Pattern:
-    """One session's arrivals: the last one and the latest inter-arrival times."""
+    """One session's pace: when its last output went out and its latest reply-to-request gaps."""
 
-    last: float
-    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    typical: float | None = None  # median of ``intervals``; None until a second arrival
+    done: float | None = None  # fan-out of its last item; None while one is queued or running
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    typical: float = 0.0  # median of ``gaps``; 0 until the first one
 
 
 class ArrivalAware:
     """The coalescing window, waiting only for sessions predicted to join (see the module docstring).
 
-    ``idle_after`` (>= 1): a session silent for more than this many typical intervals has paused
-    and is not waited for. A session with one arrival so far has the window as its typical
-    interval; one that never sent is never waited for. Per-session state is one small record
-    per open session, dropped by ``forget``.
+    A request/response client (an openpi robot) sends its next request a roughly constant time
+    after it got its reply (its control step, the transport), however long the reply took. So
+    the prediction starts from the session's last *output*, not its last arrival: predicting from
+    inter-arrival times would keep robots that once fell into two alternating batches apart (each
+    half is then, correctly, predicted to arrive during the other half's forward).
+
+    An idle session is expected when it has been served (``completed``), its typical gap puts its
+    next request before the deadline, and it has been silent since its output for less than
+    ``idle_after`` (>= 1) typical gaps, or the window, whichever is longer (a robot that comes
+    straight back after its reply is given at least the window). Later than that it has paused
+    and is not waited for. One that never sent, or whose work was dropped unserved, is never
+    waited for. Per-session state is one small record per open session, dropped by ``forget``.
     """
 
     silence = None
@@ -138,33 +153,38 @@ class ArrivalAware:
     def __init__(self, window_s: float = 0.010, idle_after: float = 3.0) -> None:
         self.window_s = _finite_non_negative("coalesce_window_s", window_s)
         if _finite_non_negative("idle_after", idle_after) < 1:
-            raise EngineConfigError(f"idle_after must be >= 1 (typical intervals), got {idle_after!r}")
+            raise EngineConfigError(f"idle_after must be >= 1 (typical gaps), got {idle_after!r}")
         self.idle_after = float(idle_after)
         self._patterns: dict[str, _Pattern] = {}
 
     def arrived(self, session_id: str, now: float) -> None:
         pattern = self._patterns.get(session_id)
         if pattern is None:
-            self._patterns[session_id] = _Pattern(now)
-            return
-        pattern.intervals.append(now - pattern.last)
-        pattern.last = now
-        pattern.typical = statistics.median(pattern.intervals)
+            pattern = self._patterns[session_id] = _Pattern()
+        elif pattern.done is not None:
+            pattern.gaps.append(max(0.0, now - pattern.done))
+            pattern.typical = statistics.median(pattern.gaps)
+        pattern.done = None
+
+    def completed(self, session_ids: Iterable[str], now: float) -> None:
+        for session_id in session_ids:
+            pattern = self._patterns.get(session_id)
+            if pattern is not None:
+                pattern.done = now
 
     def forget(self, session_id: str) -> None:
         self._patterns.pop(session_id, None)
 
     def expected(self, view: SessionView, deadline: float) -> tuple[int, float]:
         """Idle sessions predicted to arrive by ``deadline``, and the earliest time one of them stops
-        being expected (it has then been silent for ``idle_after`` typical intervals)."""
+        being expected (it has then been silent too long: it paused)."""
         count, until = 0, deadline
         for session_id in view.idle_ids:
             pattern = self._patterns.get(session_id)
-            if pattern is None:
+            if pattern is None or pattern.done is None:
                 continue
-            typical = self.window_s if pattern.typical is None else pattern.typical
-            gives_up = pattern.last + self.idle_after * typical
-            if pattern.last + typical <= deadline and view.now < gives_up:
+            gives_up = pattern.done + max(self.idle_after * pattern.typical, self.window_s)
+            if pattern.done + pattern.typical <= deadline and view.now < gives_up:
                 count += 1
                 until = min(until, gives_up)
         return count, until
@@ -229,6 +249,9 @@ class FrameClock:
 
     def arrived(self, session_id: str, now: float) -> None:
         return None  # the clock, not arrivals, drives steps
+
+    def completed(self, session_ids: Iterable[str], now: float) -> None:
+        return None
 
     def forget(self, session_id: str) -> None:
         return None
