@@ -17,13 +17,22 @@ count. Clients are the real ``openpi_client.WebsocketClientPolicy`` on threads o
 (b) Throughput: 8 concurrent clients with the embedded pi0-tiny policy for a fixed time. Goal:
     aggregate chunks/s >= 3x openpi-server's with lower p99 latency.
 
+(c) Idle robots: one active client with the embedded pi0-tiny (LIBERO) alone, then with 7 more
+    clients connected that each sent one request and went silent (between episodes, at a
+    breakpoint); blocks alternate over ``--idle-rounds`` (the paused clients connect before and
+    disconnect after each block). Goal: p50 among the paused <= 1.1x p50 alone, for the default
+    ``robot.dispatch: arrival``; the same is measured with ``robot.dispatch: window`` (the plain
+    coalescing window, which waits ``coalesce_window_s`` for the paused robots) for reference.
+
 ``--device`` (``auto``, ``cpu`` or ``cuda``) is ``robot.device`` for both servers' pi0-tiny (the
 trivial policy of (a) always runs on the CPU). On a GPU machine, one run of the defaults takes
 about a minute: ``realtime bench robot --device cuda``.
 
 The last line is JSON: ``overhead_ratio_libero``, ``overhead_ratio_aloha`` (ours / peer p50
-round trip, median over rounds) and ``throughput_ratio_8`` (ours / peer chunks/s), plus the raw
-figures (``overhead_rounds_*``: each round's ratio; ``overhead_ratio_pi0_libero``: (a')).
+round trip, median over rounds), ``throughput_ratio_8`` (ours / peer chunks/s) with
+``mean_batch_8`` (ours) and ``idle_p50_ratio`` ((c): p50 among 7 paused / p50 alone), plus the raw
+figures (``overhead_rounds_*``: each round's ratio; ``overhead_ratio_pi0_libero``: (a');
+``idle_p50_ms``, ``idle_p50_ratio_window``: (c) under ``robot.dispatch: window``).
 """
 
 from __future__ import annotations
@@ -213,6 +222,29 @@ def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[floa
     return len(flat) / elapsed, flat, timings
 
 
+PAUSED_ROBOTS = 7
+PAUSE_S = 0.2  # the paused clients' silence before a measured block: many times their one interval
+
+
+def idle_robots(url: str, requests: int, rounds: int) -> dict[str, list[float]]:
+    """(c): the active client's round trips alone and with :data:`PAUSED_ROBOTS` paused ones."""
+    active, obs = _client(url), examples.libero(0)
+    _round_trips(active, obs, 10)
+    samples: dict[str, list[float]] = {"alone": [], "paused": []}
+    per_block = max(10, requests // rounds)
+    for _ in range(rounds):
+        samples["alone"] += _round_trips(active, obs, per_block)
+        paused = [_client(url) for _ in range(PAUSED_ROBOTS)]
+        for i, robot in enumerate(paused):
+            _round_trips(robot, examples.libero(i + 1), 1)  # one request, then silence
+        time.sleep(PAUSE_S)
+        samples["paused"] += _round_trips(active, obs, per_block)
+        for robot in paused:
+            robot._ws.close()
+    active._ws.close()
+    return samples
+
+
 PEER_EXTRA = "pip install 'realtime-sessions[test]' typing_extensions"
 
 
@@ -279,6 +311,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--max-batch", type=int, help="robot.max_batch for ours in (b) (default: the config's, 8)"
     )
+    parser.add_argument(
+        "--idle-requests", type=int, default=240, help="(c): the active client's round trips per case"
+    )
+    parser.add_argument("--idle-rounds", type=int, default=4, help="(c): alternating blocks per case")
     parser.add_argument("--serve-peer", choices=["zeros", "pi0-tiny"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -346,6 +382,8 @@ def main(argv: list[str]) -> int:
         print(
             f"{label:<14} {rate:9.1f} {_ms(lat, 50):8.1f} {_ms(lat, 99):8.1f} {forward:11.1f} {batch:11.2f}"
         )
+        if who == "ours":
+            results["mean_batch_8"] = round(batch, 2)
     results["throughput_ratio_8"] = round(figures["ours"][0] / figures["peer"][0], 3)
     results["p99_ms_8"] = {"ours": round(figures["ours"][2], 1), "peer": round(figures["peer"][2], 1)}
     results["chunks_per_s_8"] = {"ours": round(figures["ours"][0], 1), "peer": round(figures["peer"][0], 1)}
@@ -354,6 +392,21 @@ def main(argv: list[str]) -> int:
         f"(goal <= 1.1); throughput at {args.clients} clients {results['throughput_ratio_8']}x (goal >= 3) "
         f"with p99 {results['p99_ms_8']['ours']} vs {results['p99_ms_8']['peer']} ms"
     )
+    print(f"(c) 1 active client alone vs with {PAUSED_ROBOTS} paused ones connected, pi0-tiny, LIBERO")
+    print(f"{'robot.dispatch':<15} {'p50 alone':>10} {'p50 paused':>11} {'ratio':>6}")
+    idle_p50: dict[str, dict[str, float]] = {}
+    for dispatch in ("arrival", "window"):
+        with ours("pi0-tiny", threads, {**robot, "dispatch": dispatch}) as url:
+            samples = idle_robots(url, args.idle_requests, args.idle_rounds)
+        idle_p50[dispatch] = {case: round(_ms(samples[case], 50), 3) for case in ("alone", "paused")}
+        ratio = idle_p50[dispatch]["paused"] / idle_p50[dispatch]["alone"]
+        results["idle_p50_ratio" if dispatch == "arrival" else "idle_p50_ratio_window"] = round(ratio, 3)
+        print(
+            f"{dispatch:<15} {idle_p50[dispatch]['alone']:10.2f} {idle_p50[dispatch]['paused']:11.2f} "
+            f"{ratio:6.2f}"
+        )
+    results["idle_p50_ms"] = idle_p50
+    print(f"idle robots: p50 ratio {results['idle_p50_ratio']}x (goal <= 1.1)")
     results["device"] = device
     results["clients"] = args.clients
     print(json.dumps(results))
