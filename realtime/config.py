@@ -87,6 +87,7 @@ class ServerConfig:
     start_timeout_s: NonNegativeFloat = 10.0
     max_outbound_messages: PositiveInt = 64
     max_outbound_bytes: PositiveInt = 8 * 1024 * 1024
+    max_send_wait_s: PositiveFloat = 30.0
 
 
 @dataclass(frozen=True)

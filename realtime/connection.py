@@ -15,7 +15,8 @@ sans-I/O codec calls, its command handler and its tick loop); the skeleton owns 
   the writer. Items carry the kind's epoch (a reset or close bumps it); items of a superseded
   epoch are dropped before they are sent. Media that is still being produced travels as a
   *deferred* item whose frames the writer awaits in order. A client that does not read: once the
-  queued bytes exceed the bound the connection ends with ``slow_consumer`` (1008).
+  queued bytes exceed the bound, or a send (or a wait for room in the queue) has waited
+  ``send_wait_s`` for the client, the connection ends with ``slow_consumer`` (1008).
 - **Ends.** Every way a connection ends is one :class:`Close` reason, mapped through one table
   (:data:`CLOSES`) to a close code and reason text. The socket is closed with a deadline, then its
   transport aborted if the close frame cannot be flushed. The session is released through the
@@ -64,6 +65,7 @@ CLOSES: dict[str, tuple[CloseCode, str]] = {
     "protocol_fatal": (CloseCode.INTERNAL_ERROR, "{message}"),
     "internal": (CloseCode.INTERNAL_ERROR, "internal server error"),
     "slow_consumer": (CloseCode.POLICY_VIOLATION, "client is not reading: over {max_bytes} bytes queued"),
+    "send_timeout": (CloseCode.POLICY_VIOLATION, "client is not reading: a send waited {send_wait_s:g} s"),
     "start_timeout": (CloseCode.POLICY_VIOLATION, "no session started within {start_timeout_s:g} s"),
 }
 CLOSE_FLUSH_S = 2.0  # how long a close frame may wait for a client's write buffer before abort
@@ -108,7 +110,12 @@ class KindHandler(Protocol):
 
 
 class SlowConsumerError(Exception):
-    """The client does not read: queued outbound bytes exceed the bound."""
+    """The client does not read: queued outbound bytes exceed the bound (``slow_consumer``), or a
+    send waited ``send_wait_s`` for it (``send_timeout``); ``reason`` is the :data:`CLOSES` key."""
+
+    def __init__(self, message: str, reason: str = "slow_consumer") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(eq=False, slots=True)
@@ -131,9 +138,11 @@ class Outbound:
         max_bytes: int,
         current_epoch: Callable[[], int],
         direct: bool = False,
+        send_wait_s: float = 30.0,
     ) -> None:
         self.ws = websocket
         self.direct = direct
+        self.send_wait_s = send_wait_s
         self.max_items = max_items
         self.max_bytes = max_bytes
         self._current_epoch = current_epoch
@@ -159,8 +168,9 @@ class Outbound:
             self._writing = True
             self._empty.clear()
             try:
-                for frame in frames:
-                    await self._write(frame)
+                async with self._bounded():
+                    for frame in frames:
+                        await self._write(frame)
             finally:
                 self._writing = False
                 self._settle()
@@ -211,8 +221,9 @@ class Outbound:
             frames = await item.deferred
             if item.epoch is not None and item.epoch != self._current_epoch():
                 frames = ()  # superseded while it was produced: never shown
-        for frame in frames:
-            await self._write(frame)
+        async with self._bounded():  # the media's own production time does not count
+            for frame in frames:
+                await self._write(frame)
 
     async def _write(self, frame: Frame) -> None:
         if isinstance(frame, str):
@@ -220,10 +231,22 @@ class Outbound:
         else:
             await self.ws.send_bytes(frame)
 
+    @contextlib.asynccontextmanager
+    async def _bounded(self):
+        """A send (or a wait for room) that the client holds up longer than ``send_wait_s``
+        raises :class:`SlowConsumerError`: a client that reads nothing ends, whatever it sent."""
+        try:
+            async with asyncio.timeout(self.send_wait_s):
+                yield
+        except TimeoutError:
+            raise SlowConsumerError(f"a send waited {self.send_wait_s:g} s", "send_timeout") from None
+
     async def _put(self, item: _Out) -> None:
-        while len(self._items) >= self.max_items:
-            self._room.clear()
-            await self._room.wait()
+        if len(self._items) >= self.max_items:
+            async with self._bounded():
+                while len(self._items) >= self.max_items:
+                    self._room.clear()
+                    await self._room.wait()
         if self._bytes + item.size > self.max_bytes:
             raise SlowConsumerError(f"{self._bytes + item.size} bytes queued")
         self._items.append(item)
@@ -268,6 +291,7 @@ class Connection:
         max_outbound_items: int,
         max_outbound_bytes: int,
         start_timeout_s: float,
+        send_wait_s: float = 30.0,
         close_fields: dict[str, Any] | None = None,
     ) -> None:
         self.ws = websocket
@@ -283,10 +307,12 @@ class Connection:
             max_bytes=max_outbound_bytes,
             current_epoch=lambda: self.epoch,
             direct=handler.inline,
+            send_wait_s=send_wait_s,
         )
         self.start_timeout_s = start_timeout_s
         self._close_fields = {
             "max_bytes": max_outbound_bytes,
+            "send_wait_s": send_wait_s,
             "start_timeout_s": start_timeout_s,
             **(close_fields or {}),
         }
@@ -400,8 +426,8 @@ class Connection:
                     await self.handler.handle(self, item)
             else:
                 await self.handler.handle(self, item)
-        except SlowConsumerError:
-            self.end("slow_consumer")
+        except SlowConsumerError as exc:
+            self.end(exc.reason)
         except (WebSocketDisconnect, OSError):  # a direct send to a client that went away
             self.end("disconnect")
         except Exception as exc:
@@ -410,6 +436,8 @@ class Connection:
     async def _write(self) -> None:
         try:
             await self.outbound.run()
+        except SlowConsumerError as exc:
+            self.end(exc.reason)
         except (WebSocketDisconnect, RuntimeError, OSError):  # OSError: uvicorn's ClientDisconnected
             self.end("disconnect")  # the client went away mid-send
 
@@ -421,8 +449,8 @@ class Connection:
             close = await asyncio.wait_for(self.handler.session_ended(self, reason), CLOSE_FLUSH_S)
         except TimeoutError:
             close = runtime_close(reason)
-        except SlowConsumerError:
-            close = Close("slow_consumer")
+        except SlowConsumerError as exc:
+            close = Close(exc.reason)
         self.end(close.reason, close.message)
 
     async def _start_deadline(self) -> None:
@@ -450,7 +478,7 @@ class Connection:
             return
         code, text = CLOSES[close.reason]
         reason = text.format_map(_Fields(message=close.message, **self._close_fields))
-        if close.reason not in ("slow_consumer", "internal"):
+        if close.reason not in ("slow_consumer", "send_timeout", "internal"):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._flush(), CLOSE_FLUSH_S)
         log.info("closing websocket", extra={"kind": self.kind, "code": int(code), "reason": reason})
@@ -491,6 +519,7 @@ async def run_connection(
         max_outbound_items=server.max_outbound_messages,
         max_outbound_bytes=server.max_outbound_bytes,
         start_timeout_s=server.start_timeout_s,
+        send_wait_s=server.max_send_wait_s,
         close_fields=fields,
     ).run()
 

@@ -372,3 +372,31 @@ async def test_a_session_the_runtime_closes_ends_its_connection_even_if_the_clie
         finally:
             stop.set()
             client.close()
+
+
+async def test_a_client_that_reads_nothing_is_ended_by_the_send_wait_bound_even_with_small_messages():
+    """Small messages never reach ``max_outbound_bytes``; ``server.max_send_wait_s`` ends it."""
+    config = config_from_mapping(
+        {
+            "server": {"max_send_wait_s": 1.0},
+            "runtime": {"memory_available_bytes": 2**30},
+            "robot": {"enabled": False},
+            "world": {"enabled": True, "model": "world-test", "torch_threads": 1},
+        }
+    )
+    async with serve_in_process(config) as (base, server):
+        world = _kind(server, "world")
+        url = base.replace("http://", "ws://") + "/v1/realtime/world?protocol_version=1"
+        client = await asyncio.to_thread(RawClient, url, rcvbuf=4096, timeout_s=2)
+        try:
+            client.send_text(json.dumps({"type": "session.start", "pacing": "fast", "format": "jpeg"}))
+            await _until(lambda: len(world.manager) == 1, 10.0)
+            # the socket buffers fill first (seconds at world-test's small chunks), then one send
+            # waits 1 s: send_timeout, the session released, the transport aborted
+            await _until(lambda: len(world.manager) == 0, 60.0)
+            await _until(lambda: world.ctx.connections.count("world") == 0, 2 * CLOSE_FLUSH_S + 5.0)
+            async with websockets.connect(url) as polite:  # the server goes on serving others
+                await polite.send(json.dumps({"type": "session.start", "pacing": "fast"}))
+                await _recv_type(polite, "chunk.metadata", 20.0)
+        finally:
+            client.close()
