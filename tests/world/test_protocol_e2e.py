@@ -303,3 +303,31 @@ async def test_resets_mid_generation_restart_the_stream_cleanly(server):
                 assert (meta["init_segment_bytes"] > 0) == (chunk_index == 0)
                 assert len(decoder.decode(data)) == meta["frame_count"]
                 expected_first += meta["frame_count"]
+
+
+async def test_realtime_pacing_generates_only_the_measured_lead_ahead_and_keys_apply_at_the_next_block(
+    server,
+):
+    """Each block starts when the client's media (the pacer's model, echoed as ``timing.ahead_ms``)
+    has fallen to the lead (``timing.lead_ms``: slowest recent tick-to-send + margin), far below
+    the old two blocks (1000 ms at 16 fps); a key lands in the next block that starts after it."""
+    async with websockets.connect(server + "?protocol_version=1") as ws:
+        await ws.send(json.dumps({"type": "session.start", "seed": 5, "pacing": "realtime"}))
+        caps = (await _recv_json(ws, "session.created"))["capabilities"]
+        block_ms = 1000 * caps["frames_per_chunk"]["later"] / caps["fps"]
+        metas = [(await _next_chunk(ws))[0] for _ in range(4)]
+        keys = {"track": "keys", "schema": "world.keys.v1", "data": {"pressed": ["d"]}}
+        await ws.send(json.dumps({"type": "session.event", "event_id": 1, "controls": [keys]}))
+        last_seen = metas[-1]["chunk_index"]
+        while not metas[-1]["applied_event_ids"]:
+            metas.append((await _next_chunk(ws))[0])
+    assert metas[0]["timing"]["lead_ms"] is None  # nothing measured before the first chunk
+    for meta in metas[1:]:
+        timing = meta["timing"]
+        assert 0 < timing["lead_ms"] <= caps["limits"]["max_ahead_blocks"] * block_ms, timing
+        assert timing["ahead_ms"] <= timing["lead_ms"] + 20, timing  # + timer slack
+        assert timing["lead_ms"] < block_ms, timing  # less than one block ahead on this machine
+    applied = metas[-1]
+    assert applied["applied_event_ids"] == [1]
+    # blocks generated when the key arrived: at most the one running plus max_ahead_blocks unsent
+    assert applied["chunk_index"] <= last_seen + 1 + caps["limits"]["max_ahead_blocks"], applied
