@@ -29,12 +29,14 @@ MODELS = {Dialect.GA: "gpt-realtime", Dialect.BETA: "gpt-4o-realtime-preview"}
 
 
 @contextlib.asynccontextmanager
-async def voice_server(**voice: object) -> AsyncIterator[tuple[str, object]]:
-    """``(ws base url "ws://127.0.0.1:PORT/v1", the voice service)`` of a server with only voice on."""
+async def voice_server(runtime: dict | None = None, **voice: object) -> AsyncIterator[tuple[str, object]]:
+    """``(ws base url "ws://127.0.0.1:PORT/v1", the voice service)`` of a server with only voice on;
+    ``voice`` and ``runtime`` override those config sections' fields."""
     config = config_from_mapping(
         {
             "robot": {"enabled": False},
             "world": {"enabled": False},
+            "runtime": runtime or {},
             "server": {"api_keys": [API_KEY], "start_timeout_s": 5},
             "voice": {"enabled": True, "max_sessions": 4, **voice},
         }

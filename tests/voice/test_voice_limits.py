@@ -1,0 +1,38 @@
+"""Voice session limits over loopback with the real SDK: the lifetime warning, expiry and idle close."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import websockets
+
+from realtime.protocols.oai_realtime import Dialect
+from tests.voice.realtime_client import connect, voice_server
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
+
+
+@pytest.fixture(scope="module")
+async def server():
+    async with voice_server(
+        max_lifetime_s=3, idle_timeout_s=60, runtime={"lifetime_warning_s": 2}
+    ) as running:
+        yield running
+
+
+async def test_lifetime_warns_then_expires_with_openais_error_and_closes_1008(server):
+    url, _ = server
+    async with connect(url, Dialect.GA) as (conn, events):
+        expires_at = events.seen[0]["session"]["expires_at"]
+        warning = (await events.until("error", timeout=10))[-1]["error"]
+        assert warning["code"] == "session_expiring" and "in " in warning["message"]
+        expired = (await events.until("error", timeout=10))[-1]["error"]
+        assert expired["code"] == "session_expired"
+        assert expired["message"] == "Your session hit the maximum duration of 1 minutes."
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(conn.recv_bytes(), 10)
+        assert (
+            closed.value.rcvd.code == 1008 and closed.value.rcvd.reason == "maximum session lifetime reached"
+        )
+        assert expires_at > 0
