@@ -17,6 +17,8 @@ of every batch whose outputs went out (``completed``) and of every session it re
   output for less than ``idle_after`` typical gaps (at least the window). A connected robot that
   paused (between episodes, at a breakpoint) therefore costs the others nothing, while robots
   that send together still batch whole. With no idle session predicted, the batch runs at once.
+  The window runs from the oldest ready item's arrival or from when the worker got free,
+  whichever is later (so robots split into two alternating batches merge again).
 - :class:`FrameClock` (full-duplex voice): the server clock drives steps, not input arrival. Every
   ``period_s`` every open session steps together in one batch; a session with nothing pending
   steps on ``silence(session_id)`` (counted in ``silent_steps``) and its output goes to
@@ -146,6 +148,13 @@ class ArrivalAware:
     straight back after its reply is given at least the window). Later than that it has paused
     and is not waited for. One that never sent, or whose work was dropped unserved, is never
     waited for. Per-session state is one small record per open session, dropped by ``forget``.
+
+    The window runs from the oldest ready item's arrival or from when the worker got free (the
+    last ``completed``), whichever is later: an item that queued during a forward could not have
+    run sooner, and the sessions that forward just served, due straight back, may still join it.
+    Without this, robots split into two alternating batches (after a pause, the first robot to
+    resume runs alone) would stay split: each half's items would be past their deadline when the
+    other half's replies go out.
     """
 
     silence = None
@@ -156,6 +165,7 @@ class ArrivalAware:
             raise EngineConfigError(f"idle_after must be >= 1 (typical gaps), got {idle_after!r}")
         self.idle_after = float(idle_after)
         self._patterns: dict[str, _Pattern] = {}
+        self._free_at = -math.inf  # when the last forward's outputs went out (the worker got free)
 
     def arrived(self, session_id: str, now: float) -> None:
         pattern = self._patterns.get(session_id)
@@ -167,6 +177,7 @@ class ArrivalAware:
         pattern.done = None
 
     def completed(self, session_ids: Iterable[str], now: float) -> None:
+        self._free_at = now
         for session_id in session_ids:
             pattern = self._patterns.get(session_id)
             if pattern is not None:
@@ -198,7 +209,7 @@ class ArrivalAware:
 
     def decide(self, view: SessionView) -> float | None:
         assert view.oldest_arrival is not None
-        deadline = view.oldest_arrival + self.window_s
+        deadline = max(view.oldest_arrival, self._free_at) + self.window_s
         if view.ready >= view.max_batch or view.now >= deadline:
             return None
         count, until = self.expected(view, deadline)

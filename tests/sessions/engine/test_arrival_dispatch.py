@@ -56,19 +56,26 @@ def test_a_session_due_within_the_window_is_waited_for_then_the_batch_runs_when_
 
 
 def test_robots_split_into_two_batches_are_merged_again():
-    """Half the robots' requests queued during the other half's forward; when that forward's replies
-    go out, the served half is due back at once, so the batch waits for it (an inter-arrival
-    predictor would see it due a whole cycle later and keep the halves apart)."""
+    """Half the robots' requests queued during the other half's 50 ms forward. When that forward's
+    replies go out, the queued half is past its arrival + window, but the window runs from when
+    the worker got free, and the served half is due straight back: the batch waits for it. (The
+    plain window runs the queued half alone at once, and the halves stay apart; so would an
+    inter-arrival predictor, which sees the served half due a whole cycle later.)"""
     policy = ArrivalAware(WINDOW)
-    first = [f"a{i}" for i in range(4)]
+    queued = ("b0", "b1", "b2", "b3")
+    for sid in queued:
+        served(policy, sid, gap=0.002, done=0.900)
+        policy.arrived(sid, 0.950)
+    first = tuple(f"a{i}" for i in range(4))
     for sid in first:
-        served(policy, sid, gap=0.002, done=1.000)
-    for sid in ("b0", "b1", "b2", "b3"):
-        served(policy, sid, gap=0.002, done=0.950)
-        policy.arrived(sid, 0.990)  # queued during the a-half's forward
+        served(policy, sid, gap=0.002, done=1.000)  # the last forward's outputs: worker free at 1.0
     now = 1.000
-    assert policy.expected(view(now, tuple(first)), 0.990 + WINDOW)[0] == 4
-    assert policy.decide(view(now, tuple(first), ready=4, oldest=0.990)) == pytest.approx(0.990 + WINDOW)
+    assert policy.expected(view(now, first), now + WINDOW)[0] == 4
+    assert policy.decide(view(now, first, ready=4, oldest=0.950)) == pytest.approx(now + WINDOW)
+    assert Coalescing(WINDOW).decide(view(now, first, ready=4, oldest=0.950)) is None
+    for sid in first:
+        policy.arrived(sid, 1.002)
+    assert policy.decide(view(1.002, (), ready=8, oldest=0.950)) is None
 
 
 def test_a_session_due_after_the_deadline_is_not_waited_for():
