@@ -194,6 +194,7 @@ class VoiceConfig:
     max_output_tokens: PositiveInt = 128
     temperature: NonNegativeFloat = 0.0  # 0: greedy (the small default model rambles when sampled)
     chunked_tts: bool = True
+    first_clause_words: NonNegativeInt = 4  # 0: the first clause ends at punctuation like the rest
     audio_delta_ms: Annotated[int, _in_range(20, 200)] = 200
     min_commit_ms: NonNegativeInt = 100
     max_input_buffer_s: PositiveFloat = 60.0

@@ -199,17 +199,27 @@ class TransformersLlmStage:
     """:class:`LlmStage` over :class:`TransformersChat` (see the module docstring).
 
     ``workers`` threads generate concurrently (one generation per thread; torch's own thread
-    count is the caller's). A new request of a session waits until the session's previous
+    count is the caller's). ``first_clause_words`` > 0 lets a reply's first clause end after that
+    many words (``ClauseSplitter``), so speech starts sooner. A new request of a session waits until the session's previous
     generation (aborted, still finishing its forward) let go of the conversation.
     """
 
     name = "voice-llm"
     device = "cpu"
 
-    def __init__(self, chat: TransformersChat, slot_capacity: int, *, workers: int = 4, chunked: bool = True):
+    def __init__(
+        self,
+        chat: TransformersChat,
+        slot_capacity: int,
+        *,
+        workers: int = 4,
+        chunked: bool = True,
+        first_clause_words: int = 0,
+    ):
         self.chat = chat
         self.slot_capacity = slot_capacity
         self.chunked = chunked
+        self.first_clause_words = first_clause_words
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="voice-llm")
         self._stops: dict[str, threading.Event] = {}
         self._running: dict[str, Future] = {}  # session -> its generation's thread work
@@ -274,7 +284,7 @@ class TransformersLlmStage:
                 temperature=request.temperature,
                 should_stop=stop.is_set,
             )
-            splitter = ClauseSplitter()
+            splitter = ClauseSplitter(first_clause_words=self.first_clause_words)
             reply = []
 
             def chunk(text: str, clauses: list[str], usage: ChatUsage | None = None) -> TextChunk:

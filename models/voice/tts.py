@@ -65,13 +65,20 @@ class ClauseSplitter:
     A clause ends at sentence punctuation followed by whitespace, at a line break, or at a comma,
     semicolon, colon or dash followed by whitespace once the clause has ``min_clause_chars``
     characters (shorter ones sound choppy). A clause with no boundary is cut at its last space
-    once it passes ``max_clause_chars`` (the bound on what waits for a boundary). ``flush``
-    returns the rest when the text stream ends.
+    once it passes ``max_clause_chars`` (the bound on what waits for a boundary). With
+    ``first_clause_words`` > 0 the first clause also ends after that many complete words (a word
+    is complete once whitespace follows it), so speech can start before the first sentence is
+    done; later clauses follow the rules above. ``flush`` returns the rest when the text stream ends.
     """
 
-    def __init__(self, min_clause_chars: int = 24, max_clause_chars: int = 200) -> None:
+    def __init__(
+        self, min_clause_chars: int = 24, max_clause_chars: int = 200, first_clause_words: int = 0
+    ) -> None:
         self.min_clause_chars = min_clause_chars
         self.max_clause_chars = max_clause_chars
+        self._first_words = (
+            re.compile(rf"\s*(?:\S+\s+){{{first_clause_words}}}") if first_clause_words > 0 else None
+        )
         self._buffer = ""
 
     def push(self, piece: str) -> list[str]:
@@ -81,6 +88,7 @@ class ClauseSplitter:
             clause, self._buffer = self._buffer[:end].strip(), self._buffer[end:]
             if clause:
                 clauses.append(clause)
+                self._first_words = None
         return clauses
 
     def flush(self) -> list[str]:
@@ -92,7 +100,8 @@ class ClauseSplitter:
         clause = next(
             (m for m in _CLAUSE_END.finditer(self._buffer) if m.start() >= self.min_clause_chars), None
         )
-        ends = [m.end() for m in (sentence, clause) if m is not None]
+        first = self._first_words.match(self._buffer) if self._first_words is not None else None
+        ends = [m.end() for m in (sentence, clause, first) if m is not None]
         if ends:
             return min(ends)
         if len(self._buffer) > self.max_clause_chars:

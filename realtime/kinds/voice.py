@@ -166,7 +166,11 @@ class VoiceService:
 
         c, registry, m = self.config, self.ctx.registry, self.models_loaded
         self.llm = TransformersLlmStage(
-            m["llm"], c.max_sessions, workers=c.llm_workers, chunked=c.chunked_tts
+            m["llm"],
+            c.max_sessions,
+            workers=c.llm_workers,
+            chunked=c.chunked_tts,
+            first_clause_words=c.first_clause_words,
         )
         vad = VadStage(m["vad"], c.max_sessions)
         plan = capacity_plan(

@@ -53,3 +53,12 @@ def test_text_without_boundaries_is_cut_at_a_space_past_the_bound():
 def test_min_clause_chars_controls_comma_splits(min_chars):
     clauses = list(split_clauses(["Well, ", "I think so, ", "yes."], min_clause_chars=min_chars))
     assert clauses == (["Well,", "I think so,", "yes."] if min_chars == 0 else ["Well, I think so,", "yes."])
+
+
+def test_first_clause_words_lets_speech_start_before_the_first_sentence_ends():
+    splitter = ClauseSplitter(first_clause_words=4)
+    emitted = [(i, c) for i, p in enumerate(PIECES) for c in splitter.push(p)]
+    assert emitted[:2] == [(5, "Sure, the capital of"), (9, "France is Paris.")]  # "of" ends at " France"
+    assert [c for _, c in emitted[2:]] == ["It is known for the Eiffel Tower,"]
+    short = ClauseSplitter(first_clause_words=4)
+    assert [c for p in ["Paris", "."] for c in short.push(p)] + short.flush() == ["Paris."]
