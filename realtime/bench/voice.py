@@ -56,7 +56,9 @@ def spoken(tts: Any, text: str) -> tuple[bytes, np.ndarray]:
     return float_to_pcm16(streamed), soxr.resample(committed, 24_000, 16_000).astype(np.float32)
 
 
-def model_time_ms(models: dict[str, Any], audio_16k: np.ndarray, reps: int) -> dict[str, float]:
+def model_time_ms(
+    models: dict[str, Any], audio_16k: np.ndarray, reps: int, first_clause_words: int
+) -> dict[str, float]:
     """ASR + LLM to its first clause + TTS of that clause, sequentially (median of ``reps``)."""
     from models.voice.llm import DEFAULT_SYSTEM_PROMPT, ChatMessage
     from models.voice.tts import ClauseSplitter
@@ -70,7 +72,7 @@ def model_time_ms(models: dict[str, Any], audio_16k: np.ndarray, reps: int) -> d
         conversation = f"bench-model-{i}"
         chat.open(conversation)
         try:
-            splitter, clause = ClauseSplitter(), None
+            splitter, clause = ClauseSplitter(first_clause_words=first_clause_words), None
             messages = [ChatMessage("system", DEFAULT_SYSTEM_PROMPT), ChatMessage("user", text)]
             for piece in chat.generate(conversation, messages, max_new_tokens=128):
                 if clauses := splitter.push(piece):
@@ -159,7 +161,9 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         # one session: each served turn paired with a direct model run just before it (same load)
         pairs = []
         for _ in range(args.rounds):
-            direct = await asyncio.to_thread(model_time_ms, service.models_loaded, audio_16k, 1)
+            direct = await asyncio.to_thread(
+                model_time_ms, service.models_loaded, audio_16k, 1, service.config.first_clause_words
+            )
             pairs.append((direct, (await ttfa(url, pcm, 1, 1))[0]))
         model = {k: statistics.median(d[k] for d, _ in pairs) for k in pairs[0][0]}
         print(f"model time, one turn run directly: ASR {model['asr']:.0f} ms + LLM to first clause "
