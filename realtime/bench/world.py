@@ -317,6 +317,8 @@ async def _key_to_frame(url: str, fps: int, presses: int, warmup_s: float, seed:
         await asyncio.wait_for(reader, 30)
         out.stalls = player.stalls
         await ws.send(json.dumps({"type": "session.close"}))
+        async for _ in ws:  # read on until the server's close: a reader that stops reading
+            pass  # would leave the server's connection open while it shuts down
     return out
 
 
