@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import soxr
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
@@ -339,6 +340,15 @@ def _encode_audio(samples: np.ndarray, fmt: AudioFormat) -> bytes:
     return (float_to_ulaw if fmt is AudioFormat.G711_ULAW else float_to_alaw)(samples)
 
 
+def _wire_to_16k(data: bytes, fmt: AudioFormat) -> np.ndarray:
+    return soxr.resample(_decode_audio(data, fmt), fmt.sample_rate, VAD_RATE).astype(np.float32)
+
+
+def _too_big(part: Any) -> bool:
+    """Audio that ``conversation.item.retrieved`` would leave out anyway (see ``MAX_RETRIEVED_AUDIO_BYTES``)."""
+    return isinstance(part, InputAudio) and len(part.audio or b"") > ev.MAX_RETRIEVED_AUDIO_BYTES
+
+
 def _item_text(item: Item) -> str:
     if not isinstance(item, Message):
         return ""
@@ -511,8 +521,18 @@ class _VoiceHandler:
         if previous not in (None, "root") and previous not in self.items:
             await self._error(conn, errors.item_not_found(previous, "previous_item_id"), item.event_id)
             return
+        audio = [
+            p.audio for p in new.content if isinstance(p, InputAudio) and p.audio and p.transcript is None
+        ]
+        if isinstance(new, Message) and any(_too_big(p) for p in new.content):
+            # kept only while it fits a retrieve frame: the conversation's memory stays bounded
+            new = replace(
+                new, content=tuple(replace(p, audio=None) if _too_big(p) else p for p in new.content)
+            )
         previous = self._insert(new, previous)
         await self._send(conn, ev.ItemAdded(new, previous), ev.ItemDone(new, previous))
+        if audio:  # a client's audio enters the prompt through its transcript, as committed audio does
+            self._transcribe(conn, new.id, b"".join(audio), self.config.input_format)
 
     async def _on_item_delete(self, conn: Connection, item: ce.ItemDelete) -> None:
         if self.items.pop(item.item_id, None) is None:
@@ -727,11 +747,22 @@ class _VoiceHandler:
             ev.ItemAdded(user, previous),
             ev.ItemDone(user, previous),
         )
-        self.pending_transcripts.add(item_id)
+        self._transcribe(conn, item_id, audio, None)
+
+    def _transcribe(
+        self, conn: Connection, item_id: str, audio: np.ndarray | bytes, fmt: AudioFormat | None
+    ) -> None:
+        """Transcribe ``audio`` (16 kHz samples, or wire bytes in ``fmt``) as a child task."""
         engine = self.service.asr_engine
         assert engine is not None and conn.session is not None
-        future = engine.submit(conn.session.session_id, 0, audio)
-        conn.spawn(_await(future), lambda result, error: _Transcribed(item_id, result, error))
+        session_id = conn.session.session_id
+        self.pending_transcripts.add(item_id)
+
+        async def asr() -> Any:
+            samples = audio if fmt is None else await asyncio.to_thread(_wire_to_16k, audio, fmt)
+            return await engine.submit(session_id, 0, samples)
+
+        conn.spawn(asr(), lambda result, error: _Transcribed(item_id, result, error))
 
     # -- responses ------------------------------------------------------------------------
     async def _create_response(
@@ -923,10 +954,6 @@ class _VoiceHandler:
         if event_id is not None and rejected.event_id is None:
             rejected = rejected.with_event_id(event_id)
         await self._send(conn, ev.ErrorEvent(rejected))
-
-
-async def _await(future: asyncio.Future) -> Any:
-    return await future
 
 
 def build_voice_service(ctx: ServerContext) -> VoiceService:

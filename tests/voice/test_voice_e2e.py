@@ -313,3 +313,21 @@ async def test_a_full_server_says_why_and_closes_1013(server):
     finally:
         for ws in opened:
             await ws.close()
+
+
+async def test_a_client_created_audio_item_is_transcribed_and_answered(server, spoken_question):
+    url, _ = server
+    async with connect(url, GA) as (conn, events):
+        audio = base64.b64encode(spoken_question.pcm16_24k).decode()
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
+        )
+        await conn.response.create()
+        got = await events.until("response.done", timeout=90)
+        kinds = types(got)
+        transcript = next(e for e in got if e["type"].endswith("input_audio_transcription.completed"))
+        assert all(w in transcript["transcript"].lower() for w in spoken_question.transcript_words)
+        assert kinds.index("conversation.item.input_audio_transcription.completed") < kinds.index(
+            "response.output_item.added"
+        )  # the response waited for the transcript it needs
+        assert any(w in response_text(got, GA).lower() for w in spoken_question.answer_words)
