@@ -76,6 +76,7 @@ from sessions.errors import SessionError, TickSupersededError
 from sessions.executor import StageExecutor
 from sessions.lifecycle import ReleaseReason
 from sessions.manager import SessionManager
+from sessions.session import SessionStatus
 
 log = logging.getLogger("realtime.kinds.voice")
 
@@ -661,7 +662,7 @@ class _VoiceHandler:
         self.response = None
         session = conn.session
         assert session is not None
-        if status == "failed" and session.status.value == "failed":
+        if status == "failed" and session.status is SessionStatus.FAILED:
             await session.reset()  # a failed tick released the KV; start the conversation's KV over
         if self.queued_response is not None:
             settings, self.queued_response = self.queued_response, None
@@ -771,6 +772,12 @@ class _VoiceHandler:
         if self.response is not None:
             await self._error(conn, errors.active_response(self.response.state.id), event_id)
             return
+        missing = [
+            i.id for i in settings.input or () if isinstance(i, ItemReference) and i.id not in self.items
+        ]
+        if missing:
+            await self._error(conn, errors.item_not_found(missing[0], "response.input"), event_id)
+            return
         conversation = self.conversation_id if settings.conversation != "none" else None
         response = _Response(ev.ResponseState(new_id("resp"), settings, conversation_id=conversation))
         self.response = response
@@ -875,7 +882,7 @@ class _VoiceHandler:
         if settings.input is None:
             items = [e.item for e in self.items.values()]
         else:
-            items = [
+            items = [  # a reference deleted while the response waited for a transcript is skipped
                 self.items[i.id].item if isinstance(i, ItemReference) else i
                 for i in settings.input
                 if not isinstance(i, ItemReference) or i.id in self.items

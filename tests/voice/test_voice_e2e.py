@@ -143,6 +143,9 @@ async def test_session_update_merges_and_errors_keep_the_socket_open(server):
         assert error["event_id"] is None
         await conn.response.cancel()
         assert (await events.until("error"))[-1]["error"]["code"] == "response_cancel_not_active"
+        await conn.response.create(response={"input": [{"type": "item_reference", "id": "item_gone"}]})
+        error = (await events.until("error"))[-1]["error"]
+        assert error["code"] == "item_not_found" and error["param"] == "response.input"
         await conn.conversation.item.create(item=_text_item("Hello there."))
         added = await events.until("conversation.item.done")
         item_id = added[-1]["item"]["id"]
