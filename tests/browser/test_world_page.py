@@ -4,7 +4,8 @@ Chromium headless against the real server over loopback, the committed world-tin
 Holds a key for 30 s: frames keep arriving, the page's backlog stays bounded without growing
 (and the page plays frames rather than dropping them), turning left / right moves the image the
 expected way (the model's control-response measure, ``models.world.env.horizontal_shift``), the
-key-to-photon readout works, and the console stays clean. A screenshot lands in the pytest tmp dir.
+key-to-photon readout works, and the console stays clean; then the fMP4 (MSE) player shows frames
+too. A screenshot lands in the pytest tmp dir.
 """
 
 from __future__ import annotations
@@ -119,12 +120,20 @@ async def test_world_page_plays_live_holds_a_key_with_bounded_backlog_and_steers
             await page.keyboard.up("d")
             stats = await page.evaluate("window.worldStats")
             await page.screenshot(path=str(tmp_path / "world-page.png"))
+
+            # the fMP4 path: Media Source Extensions over Debian's Chromium's H.264 decoder
+            await page.goto(f"{base}/demo/world?seed=3&format=fmp4")
+            await page.wait_for_function("window.worldStats.framesShown > 16", timeout=30_000)
+            video = await page.evaluate("window.worldStats")
         finally:
             await browser.close()
 
     assert (tmp_path / "world-page.png").stat().st_size > 0
     assert console == [] and stats["errors"] == [], (console, stats["errors"])
     assert stats["format"] == "jpeg" and stats["state"] == "playing"
+    assert (
+        video["format"] == "fmp4" and video["errors"] == [] and video["backlogMs"] <= video["backlogBoundMs"]
+    )
     # frames keep arriving and are shown, not dropped, over the 30 s hold
     assert held["framesShown"] >= 16 * HOLD_S * 0.5, held
     assert held["framesDropped"] <= 0.1 * held["framesReceived"], held
