@@ -322,6 +322,8 @@ class _Entry:
     audio_ms: int = 0
 
 
+_INTERNAL = (_Marker, _Frames, _Transcribed, _Finished, _Expiring, _TaskFailed)  # items the kind posts itself
+
 # ----------------------------------------------------------------------------------- encoding
 
 
@@ -434,7 +436,7 @@ class _VoiceHandler:
         handler = self._HANDLERS.get(type(item))
         if handler is None:
             raise TypeError(f"unexpected mailbox item {type(item).__name__}")
-        if not isinstance(item, _Frames):
+        if not isinstance(item, _INTERNAL):  # a client's command: the session is active
             session.touch()
         await handler(self, conn, item)
 

@@ -136,6 +136,10 @@ async def test_session_update_merges_and_errors_keep_the_socket_open(server):
                 "item_not_found",
             ),
             ('{"type": "conversation.item.retrieve", "item_id": "item_missing"}', "item_not_found"),
+            (
+                '{"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}',
+                "unsupported_feature",
+            ),
         ):
             await conn.send_raw(raw)
             error = (await events.until("error"))[-1]["error"]
