@@ -46,6 +46,7 @@ from starlette.websockets import WebSocket
 from realtime.connection import Close, Connection, run_connection
 from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
+from realtime.kinds.voice_conversation import Conversation
 from realtime.protocols.oai_realtime import (
     CodecOptions,
     Handshake,
@@ -58,11 +59,7 @@ from realtime.protocols.oai_realtime import (
 from realtime.protocols.oai_realtime import client_events as ce
 from realtime.protocols.oai_realtime import server_events as ev
 from realtime.protocols.oai_realtime.items import (
-    FunctionCall,
-    FunctionCallOutput,
     InputAudio,
-    InputText,
-    Item,
     Message,
     OutputAudio,
     OutputText,
@@ -314,14 +311,6 @@ class _Finished:
     error: BaseException | None
 
 
-@dataclass
-class _Entry:
-    """A conversation item and, for assistant audio, how many ms of it were generated."""
-
-    item: Item
-    audio_ms: int = 0
-
-
 _INTERNAL = (_Marker, _Frames, _Transcribed, _Finished, _Expiring, _TaskFailed)  # items the kind posts itself
 
 # ----------------------------------------------------------------------------------- encoding
@@ -352,18 +341,6 @@ def _too_big(part: Any) -> bool:
     return isinstance(part, InputAudio) and len(part.audio or b"") > ev.MAX_RETRIEVED_AUDIO_BYTES
 
 
-def _item_text(item: Item) -> str:
-    if not isinstance(item, Message):
-        return ""
-    texts = []
-    for part in item.content:
-        if isinstance(part, InputText | OutputText):
-            texts.append(part.text)
-        elif isinstance(part, InputAudio | OutputAudio):
-            texts.append(part.transcript or "")
-    return " ".join(t for t in texts if t).strip()
-
-
 # ------------------------------------------------------------------------------------ handler
 
 
@@ -382,7 +359,7 @@ class _VoiceHandler:
         self.session_id = new_id("sess")
         self.conversation_id = new_id("conv")
         self.expires_at = int(time.time() + self.vc.max_lifetime_s) if self.vc.max_lifetime_s > 0 else 0
-        self.items: dict[str, _Entry] = {}  # in conversation order
+        self.items = Conversation(self.vc.max_conversation_items)
         self.audio_queue: asyncio.Queue = asyncio.Queue(AUDIO_QUEUE_ITEMS)
         max_frames = int(self.vc.max_input_buffer_s * 1000 / FRAME_MS)
         self.buffer: collections.deque[np.ndarray] = collections.deque(maxlen=max_frames)  # 16 kHz frames
@@ -532,13 +509,13 @@ class _VoiceHandler:
             new = replace(
                 new, content=tuple(replace(p, audio=None) if _too_big(p) else p for p in new.content)
             )
-        previous = self._insert(new, previous)
+        previous = self.items.insert(new, previous)
         await self._send(conn, ev.ItemAdded(new, previous), ev.ItemDone(new, previous))
         if audio:  # a client's audio enters the prompt through its transcript, as committed audio does
             self._transcribe(conn, new.id, b"".join(audio), self.config.input_format)
 
     async def _on_item_delete(self, conn: Connection, item: ce.ItemDelete) -> None:
-        if self.items.pop(item.item_id, None) is None:
+        if not self.items.delete(item.item_id):
             await self._error(conn, errors.item_not_found(item.item_id), item.event_id)
             return
         await self._send(conn, ev.ItemDeleted(item.item_id))
@@ -638,7 +615,7 @@ class _VoiceHandler:
         final = Message(
             r.item_id, "assistant", (part,), "completed" if status == "completed" else "incomplete"
         )
-        previous = self._previous_of(r.item_id) if r.in_conversation else None
+        previous = self.items.previous_of(r.item_id) if r.in_conversation else None
         entry = self.items.get(r.item_id)
         if entry is not None:
             entry.item, entry.audio_ms = final, item.audio_ms
@@ -743,7 +720,7 @@ class _VoiceHandler:
     async def _commit(self, conn: Connection, item_id: str, audio: np.ndarray) -> None:
         """The utterance becomes a user item; its transcription starts (a child task)."""
         user = Message(item_id, "user", (InputAudio(None, None),))
-        previous = self._insert(user, None)
+        previous = self.items.insert(user, None)
         await self._send(
             conn,
             ev.AudioCommitted(item_id, previous),
@@ -798,9 +775,11 @@ class _VoiceHandler:
         opening = Message(r.item_id, "assistant", (), "in_progress")
         part = OutputAudio("") if settings.audio_output else OutputText("")
         events: list[ev.ServerEvent] = [ev.OutputItemAdded(r.state.id, 0, opening)]
-        messages = self._chat_messages(settings)
+        messages = self.items.prompt(
+            settings.instructions or self.service.default_instructions, settings.input
+        )
         if r.in_conversation:
-            previous = self._insert(opening, None)
+            previous = self.items.insert(opening, None)
             events.append(ev.ItemAdded(opening, previous))
         events.append(ev.ContentPartAdded(r.ref, part))
         await self._send(conn, *events)
@@ -878,28 +857,6 @@ class _VoiceHandler:
         session.interrupt()  # False before the tick took its lock: the child sees the epoch bump
         conn.epoch += 1  # queued deltas of the cancelled response are never sent
 
-    def _chat_messages(self, settings: ResponseSettings) -> tuple[Any, ...]:
-        from models.voice.llm import ChatMessage
-
-        if settings.input is None:
-            items = [e.item for e in self.items.values()]
-        else:
-            items = [  # a reference deleted while the response waited for a transcript is skipped
-                self.items[i.id].item if isinstance(i, ItemReference) else i
-                for i in settings.input
-                if not isinstance(i, ItemReference) or i.id in self.items
-            ]
-        messages = [ChatMessage("system", settings.instructions or self.service.default_instructions)]
-        for item in items:
-            text = _item_text(item)
-            if isinstance(item, FunctionCall):
-                messages.append(ChatMessage("assistant", f"(called {item.name} with {item.arguments})"))
-            elif isinstance(item, FunctionCallOutput):
-                messages.append(ChatMessage("user", f"(function result: {item.output})"))
-            elif isinstance(item, Message) and text:
-                messages.append(ChatMessage(item.role, text))  # type: ignore[arg-type]
-        return tuple(messages)
-
     def _max_tokens(self, settings: ResponseSettings) -> int:
         cap = self.vc.max_output_tokens
         return cap if settings.max_output_tokens is None else min(cap, settings.max_output_tokens)
@@ -922,33 +879,6 @@ class _VoiceHandler:
                 ev.RateLimit("tokens", 1_000_000, 1_000_000, 0.0),
             )
         )
-
-    # -- conversation ---------------------------------------------------------------------
-    def _insert(self, item: Item, previous_item_id: str | None) -> str | None:
-        """Insert after ``previous_item_id`` (``"root"``: first; ``None``: last); the id before it.
-
-        Beyond ``voice.max_conversation_items`` the oldest items are dropped (as OpenAI truncates).
-        """
-        entries = list(self.items.items())
-        if previous_item_id is None:
-            index = len(entries)
-        elif previous_item_id == "root":
-            index = 0
-        else:
-            index = next(i for i, (k, _) in enumerate(entries) if k == previous_item_id) + 1
-        entries.insert(index, (item.id, _Entry(item)))
-        while len(entries) > self.vc.max_conversation_items:
-            entries.pop(0)
-        self.items = dict(entries)
-        return self._previous_of(item.id)
-
-    def _previous_of(self, item_id: str) -> str | None:
-        previous = None
-        for key in self.items:
-            if key == item_id:
-                return previous
-            previous = key
-        return None
 
     # -- output ---------------------------------------------------------------------------
     def _render(self, events: Sequence[ev.ServerEvent]) -> list[str]:
