@@ -223,6 +223,7 @@ class TransformersLlmStage:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="voice-llm")
         self._stops: dict[str, threading.Event] = {}
         self._running: dict[str, Future] = {}  # session -> its generation's thread work
+        self.aborts = 0  # generations stopped by abort before they ended (metrics, tests)
 
     def state_bytes(self) -> int:
         return self.chat.kv_bytes_per_conversation
@@ -239,8 +240,9 @@ class TransformersLlmStage:
 
     def abort(self, request_id: str) -> None:
         stop = self._stops.get(request_id)
-        if stop is not None:
+        if stop is not None and not stop.is_set():
             stop.set()
+            self.aborts += 1
 
     def close(self) -> None:
         for stop in self._stops.values():

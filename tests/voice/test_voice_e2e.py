@@ -192,6 +192,7 @@ async def test_cancel_races_and_one_active_response(server):
 
 async def test_barge_in_cancels_the_response_and_nothing_of_it_follows(server, spoken_question):
     url, service = server
+    aborted = service.llm.aborts
     async with connect(url, GA) as (conn, events):
         await conn.conversation.item.create(
             item=_text_item("Tell me a long story about a dragon and a knight.")
@@ -203,6 +204,7 @@ async def test_barge_in_cancels_the_response_and_nothing_of_it_follows(server, s
         await append_audio(conn, spoken_question.pcm16_24k)  # the user talks over the answer
         got = await events.until("response.done", timeout=60)
         assert "input_audio_buffer.speech_started" in types(got)
+        assert service.llm.aborts > aborted  # the LLM's generation was stopped, not drained
         done = got[-1]["response"]
         assert done["id"] == response_id and done["status"] == "cancelled"
         assert done["status_details"]["reason"] == "turn_detected"
