@@ -129,7 +129,9 @@ def plan_capacity(
     )
 
 
-def paced_capacity(step_seconds: Mapping[int, float], period_s: float, max_batch: int, utilisation: float) -> int:
+def paced_capacity(
+    step_seconds: Mapping[int, float], period_s: float, max_batch: int, utilisation: float
+) -> int:
     """How many paced sessions a stage keeps at their rate (architecture invariant 7, for compute).
 
     Every paced session needs one step per ``period_s`` (a world block: frames per block / fps).
