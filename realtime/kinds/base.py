@@ -17,9 +17,9 @@ Contract, in call order:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from starlette.routing import BaseRoute
@@ -86,13 +86,23 @@ class KindServiceBase:
         if self.runner is not None:
             await self.runner.close()
 
-    async def serve(self, websocket: WebSocket, handler: KindHandler, **close_fields: Any) -> None:
-        """An endpoint's body: accept (tracked for shutdown), then run ``handler`` on the skeleton."""
+    async def serve(
+        self,
+        websocket: WebSocket,
+        handler: KindHandler,
+        *,
+        subprotocol: str | None = None,
+        headers: Iterable[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        """An endpoint's body: accept (answering ``subprotocol``, adding ``headers``; tracked for
+        shutdown), then run ``handler`` on the skeleton."""
         manager = self.manager
         assert manager is not None, "start() runs before any websocket is served"
         await serve_websocket(
             websocket,
             self.ctx,
             self.name,
-            lambda: run_connection(websocket, self.ctx, self.name, handler, manager, **close_fields),
+            lambda: run_connection(websocket, self.ctx, self.name, handler, manager),
+            subprotocol=subprotocol,
+            headers=headers,
         )

@@ -23,7 +23,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from models.echo.stages import Shout, WordStream
-from realtime.connection import Close, Connection
+from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
 from realtime.protocols import echo as proto
@@ -137,11 +137,7 @@ class _EchoHandler:
                 raise item.error  # a bug: the skeleton logs it and closes 1011
 
     async def session_ended(self, conn: Connection, reason: str) -> Close:
-        return (
-            Close(reason)
-            if reason in ("idle", "lifetime", "evicted", "shutdown")
-            else Close("closed", reason)
-        )
+        return runtime_close(reason)
 
     async def _stream(self, conn: Connection, text: str) -> _Done:
         """The streaming tick, as the runner's child task: each word goes out as it arrives."""

@@ -40,7 +40,7 @@ from models.policy.stage import PolicyChunk, PolicyInput, PolicyStage, policy_in
 from models.policy.trivial import ZerosPolicy
 from realtime import __version__
 from realtime.config import RobotConfig
-from realtime.connection import Close, Connection
+from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
 from realtime.logs import log_internal_error
@@ -237,11 +237,7 @@ class _RobotHandler:
         self.prev_total_ms = (time.perf_counter() - received_at) * 1000.0
 
     async def session_ended(self, conn: Connection, reason: str) -> Close:
-        return (
-            Close(reason)
-            if reason in ("idle", "lifetime", "evicted", "shutdown")
-            else Close("closed", reason)
-        )
+        return runtime_close(reason)
 
     async def _reply(self, conn: Connection, cmd: openpi.Command, received_at: float) -> openpi.Reply:
         manager, policy, session = self.service.manager, self.service.policy, conn.session

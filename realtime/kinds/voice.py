@@ -43,8 +43,8 @@ import soxr
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from realtime.connection import Close, Connection, run_connection
-from realtime.kinds.base import ProgressFn, ServedModel, ServerContext
+from realtime.connection import Close, Connection, runtime_close
+from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
 from realtime.kinds.voice_conversation import Conversation
 from realtime.protocols.oai_realtime import (
@@ -67,12 +67,10 @@ from realtime.protocols.oai_realtime.items import (
 from realtime.protocols.oai_realtime.responses import ItemReference, ResponseSettings
 from realtime.protocols.oai_realtime.session_config import AudioFormat, ServerVad, Transcription
 from realtime.protocols.oai_realtime.wire import new_id
-from realtime.ws import serve_websocket
 from sessions.engine import Pipeline, StageEngine, StreamingStageEngine
 from sessions.errors import SessionError, TickSupersededError
 from sessions.executor import StageExecutor
 from sessions.lifecycle import ReleaseReason
-from sessions.manager import SessionManager
 from sessions.session import SessionStatus
 
 log = logging.getLogger("realtime.kinds.voice")
@@ -108,20 +106,19 @@ class _VoiceLifecycle:
                 await engine.release(session_id, reason)
 
 
-class VoiceService:
+class VoiceService(KindServiceBase):
     """The ``voice`` session kind (``realtime.kinds.base.SessionKindService``)."""
 
     name = "voice"
 
     def __init__(self, ctx: ServerContext) -> None:
-        self.ctx = ctx
+        super().__init__(ctx)
         self.config = ctx.config.voice
         self.models_loaded: dict[str, Any] = {}
         self.llm: Any = None  # the LlmStage (tests read its usage)
         self.vad_engine: StageEngine | None = None
         self.asr_engine: StageEngine | None = None
         self.pipeline: Pipeline | None = None
-        self.manager: SessionManager | None = None
         self.default_instructions = ""
 
     def routes(self) -> list[BaseRoute]:
@@ -182,7 +179,7 @@ class VoiceService:
         self.asr_engine = StageEngine(
             AsrStage(m["asr"]), max_batch=c.max_batch, coalesce_window_s=c.asr_coalesce_window_s, **common
         )
-        self.pipeline = Pipeline(
+        self.runner = self.pipeline = Pipeline(
             [
                 StreamingStageEngine(self.llm, **common),
                 StageEngine(
@@ -205,11 +202,10 @@ class VoiceService:
         await self.manager.start()
 
     async def stop(self) -> None:
-        if self.manager is not None:
-            await self.manager.shutdown()
-        for runner in (self.pipeline, self.vad_engine, self.asr_engine):
-            if runner is not None:
-                await runner.close()
+        await super().stop()  # the manager, then the response pipeline (``self.runner``)
+        for engine in (self.vad_engine, self.asr_engine):
+            if engine is not None:
+                await engine.close()
         if self.llm is not None:
             self.llm.close()
 
@@ -230,12 +226,9 @@ class VoiceService:
             websocket.headers,
             websocket.scope.get("subprotocols", ()),
         )
-        handler = _VoiceHandler(self, handshake)
-        await serve_websocket(
+        await self.serve(
             websocket,
-            self.ctx,
-            self.name,
-            lambda: run_connection(websocket, self.ctx, self.name, handler, self.manager),
+            _VoiceHandler(self, handshake),
             subprotocol=handshake.subprotocol,
             headers=handshake.accept_headers(self.config.served_model),
         )
@@ -399,11 +392,7 @@ class _VoiceHandler:
     async def session_ended(self, conn: Connection, reason: str) -> Close:
         if reason == "lifetime":
             await self._error(conn, errors.session_expired(max(1, round(self.vc.max_lifetime_s / 60))))
-        return (
-            Close(reason)
-            if reason in ("idle", "lifetime", "evicted", "shutdown")
-            else Close("closed", reason)
-        )
+        return runtime_close(reason)
 
     async def handle(self, conn: Connection, item: Any) -> None:
         session = conn.session
