@@ -182,6 +182,9 @@ def _image(key: str, value: Any) -> np.ndarray:
     return (value * 255.0).astype(np.uint8)
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _state_array(key: str, raw: Any) -> np.ndarray:
     try:
         value = np.asarray(raw)
@@ -206,11 +209,15 @@ def _state(preset: Preset, observation: Mapping[str, Any]) -> np.ndarray:
             raise ObservationError(
                 f"state {spec.key!r} must have {spec.rule} (preset {preset.name}), got shape {list(value.shape)}"
             )
-        with np.errstate(over="ignore"):  # float64 beyond float32's range becomes inf: refused below
-            value = value.astype(np.float32).reshape(-1)
-        if not np.isfinite(value).all():
+        # finite and within float32's range, checked without np.errstate (a slow context manager
+        # on every request): a comparison is False for NaN and beyond the range alike
+        if value.dtype == np.float32:
+            finite = bool(np.isfinite(value).all())
+        else:
+            finite = value.dtype.kind != "f" or bool((np.abs(value) <= _FLOAT32_MAX).all())
+        if not finite:
             raise ObservationError(f"state {spec.key!r} must be finite float32 values, got NaN or infinity")
-        parts.append(value)
+        parts.append(value.astype(np.float32, copy=False).reshape(-1))
     return np.concatenate(parts)
 
 
