@@ -192,6 +192,40 @@ class LlmStage(Protocol):
         ...
 
 
+class ReplyText:
+    """One reply's text path, shared by every :class:`LlmStage`: the backend's incremental
+    detokenised pieces in, :class:`TextChunk` s out.
+
+    ``push(piece)`` returns the chunk for one piece with the clauses it completed (none when the
+    request does not ``speak`` or ``chunked`` is off); ``finish(usage)`` returns the last chunk
+    with the remaining clauses (every clause of the reply when not chunked) and ``usage``. Not
+    thread-safe: one reply, one caller.
+    """
+
+    def __init__(self, request: ChatRequest, *, chunked: bool, first_clause_words: int = 0) -> None:
+        self.request = request
+        self.chunked = chunked
+        self._splitter = ClauseSplitter(first_clause_words=first_clause_words)
+        self._pieces: list[str] = []
+
+    def push(self, piece: str) -> TextChunk:
+        self._pieces.append(piece)
+        clauses = self._splitter.push(piece) if self.request.speak and self.chunked else []
+        return self._chunk(piece, clauses)
+
+    def finish(self, usage: ChatUsage) -> TextChunk:
+        if not self.request.speak:
+            rest: list[str] = []
+        elif self.chunked:
+            rest = self._splitter.flush()
+        else:
+            rest = list(split_clauses(self._pieces))
+        return self._chunk("", rest, usage)
+
+    def _chunk(self, text: str, clauses: list[str], usage: ChatUsage | None = None) -> TextChunk:
+        return TextChunk(text, tuple(clauses), self.request.speed, self.request.sample_rate, usage)
+
+
 _END = object()
 
 
@@ -286,25 +320,12 @@ class TransformersLlmStage:
                 temperature=request.temperature,
                 should_stop=stop.is_set,
             )
-            splitter = ClauseSplitter(first_clause_words=self.first_clause_words)
-            reply = []
-
-            def chunk(text: str, clauses: list[str], usage: ChatUsage | None = None) -> TextChunk:
-                return TextChunk(text, tuple(clauses), request.speed, request.sample_rate, usage)
-
+            reply = ReplyText(request, chunked=self.chunked, first_clause_words=self.first_clause_words)
             for piece in pieces:
-                reply.append(piece)
-                clauses = splitter.push(piece) if request.speak and self.chunked else []
-                put(chunk(piece, clauses))
+                put(reply.push(piece))
             if stop.is_set():
                 return
-            if not request.speak:
-                rest: list[str] = []
-            elif self.chunked:
-                rest = splitter.flush()
-            else:
-                rest = list(split_clauses(reply))
-            put(chunk("", rest, self.chat.last_usage(session_id)))
+            put(reply.finish(self.chat.last_usage(session_id)))
         except BaseException as exc:
             put(exc)
         finally:
