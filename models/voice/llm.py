@@ -280,30 +280,12 @@ class TransformersChat:
         return int(order[torch.multinomial(sorted_probs / sorted_probs.sum(), 1)])
 
     def _fit(self, messages: Sequence[ChatMessage], max_new_tokens: int) -> list[int]:
-        messages = list(messages)
-        if not messages or messages[0].role != "system":
-            messages.insert(0, ChatMessage("system", self.system_prompt))
-        budget = self.max_context_tokens - max_new_tokens
-        while True:
-            ids = self._render(messages)
-            if len(ids) <= budget:
-                return ids
-            if len(messages) <= 2:
-                raise ContextTooLong(
-                    f"the last message needs {len(ids)} tokens; with max_new_tokens={max_new_tokens} "
-                    f"at most {budget} fit in max_context_tokens={self.max_context_tokens}"
-                )
-            del messages[1]
-            while len(messages) > 2 and messages[1].role != "user":  # history starts at a user turn
-                del messages[1]
+        return fit_prompt(
+            self.tokenizer, messages, self.system_prompt, self.max_context_tokens - max_new_tokens
+        )
 
     def _render(self, messages: Sequence[ChatMessage]) -> list[int]:
-        rendered = self.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        return self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+        return render_chat(self.tokenizer, messages)
 
     def _eos_ids(self) -> frozenset[int]:
         ids = self.model.generation_config.eos_token_id
@@ -321,3 +303,36 @@ class TransformersChat:
         if conversation is None:
             raise UnknownConversation(f"conversation {conversation_id!r} is not open")
         return conversation
+
+
+def fit_prompt(tokenizer, messages: Sequence[ChatMessage], system_prompt: str, budget: int) -> list[int]:
+    """The conversation's prompt ids in at most ``budget`` tokens (every chat backend's one rule).
+
+    ``system_prompt`` is prepended when the messages carry no system message. The oldest
+    non-system messages are dropped (so that the history still starts at a user message) until
+    the prompt fits; :class:`ContextTooLong` if the newest message alone does not.
+    """
+    messages = list(messages)
+    if not messages or messages[0].role != "system":
+        messages.insert(0, ChatMessage("system", system_prompt))
+    while True:
+        ids = render_chat(tokenizer, messages)
+        if len(ids) <= budget:
+            return ids
+        if len(messages) <= 2:
+            raise ContextTooLong(
+                f"the last message needs {len(ids)} tokens; at most {budget} fit beside the reply's tokens"
+            )
+        del messages[1]
+        while len(messages) > 2 and messages[1].role != "user":  # history starts at a user turn
+            del messages[1]
+
+
+def render_chat(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
+    """``messages`` rendered with the tokenizer's chat template (generation prompt added), as ids."""
+    rendered = tokenizer.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in messages],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
