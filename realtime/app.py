@@ -6,6 +6,8 @@ Routes:
 - ``GET /readyz`` -> 503 until every enabled session kind loaded and warmed its models, then 200.
 - ``GET /metrics`` -> Prometheus text format from this app's own registry.
 - ``GET /v1/models`` -> served models and session kinds (OpenAI-style ``{"object": "list"}``).
+- ``GET /v1/status`` -> sessions, capacity, batch sizes and latencies as JSON (``realtime.status``).
+- ``GET /``, ``/demo/...`` -> the browser demo app (``realtime.demo``; ``/`` redirects browsers).
 - each enabled session kind's routes (websockets, demo pages);
 - any other websocket path: accepted and closed with 1008 ``no such endpoint: <path>``.
 
@@ -51,9 +53,11 @@ from realtime import __version__
 from realtime.auth import OPEN_PATHS, check_request
 from realtime.config import DeployConfig
 from realtime.connections import ConnectionRegistry, DrainResult
+from realtime.demo import demo_routes
 from realtime.kinds import build_kind
 from realtime.kinds.base import ServerContext, SessionKindService
 from realtime.progress import LoadProgress
+from realtime.status import kind_status, server_status
 from realtime.ws import CloseCode, close_quietly
 
 log = logging.getLogger("realtime.app")
@@ -237,6 +241,19 @@ def create_app(config: DeployConfig) -> Starlette:
                 )
         return JSONResponse({"object": "list", "data": data, "session_kinds": [k.name for k in kinds]})
 
+    async def status(_: Request) -> Response:
+        return JSONResponse(
+            server_status(
+                ready=state.ready,
+                draining=state.draining,
+                version=__version__,
+                open_connections=state.open_connections(),
+                max_connections=state.max_connections,
+                kinds=[kind_status(k, connections.count(k.name)) for k in kinds],
+                registry=registry,
+            )
+        )
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette):
         state._load_task = asyncio.create_task(state.load_all(), name="load-models")
@@ -250,6 +267,8 @@ def create_app(config: DeployConfig) -> Starlette:
         Route("/readyz", readyz),
         Route("/metrics", metrics),
         Route("/v1/models", list_models),
+        Route("/v1/status", status),
+        *demo_routes(),
     ]
     ceiling = config.server.max_message_bytes
     for kind in kinds:

@@ -1,7 +1,7 @@
 """AR-diffusion world sessions over the public world protocol (docs/protocols/world.md).
 
-Route ``/v1/realtime/world?protocol_version=1``; ``GET /demo/world`` serves the minimal browser
-page ``clients/web/world.html`` (package data). Each connection is one session of the session
+Route ``/v1/realtime/world?protocol_version=1`` (its browser page, ``clients/web/world.html``, is
+served at ``/demo/world`` by ``realtime.demo``). Each connection is one session of the session
 runtime on the shared connection skeleton (``realtime.connection``). Every tick generates one
 latent block through the world **pipeline** — DiT block (commits the session's rolling KV) ->
 causal VAE decode -> media encode (JPEG batch, or fMP4 continuing the session's H.264 stream) —
@@ -30,15 +30,12 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 from prometheus_client import Counter
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
@@ -62,7 +59,6 @@ from sessions.tick import TickOutput
 log = logging.getLogger("realtime.world")
 
 PATH = "/v1/realtime/world"
-PAGE_PATH = "/demo/world"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -73,11 +69,6 @@ class WorldTickPayload:
     seed: int
     prompt: str | None
     extra: MediaSettings
-
-
-@functools.cache
-def _page_html() -> str:
-    return resources.files("clients").joinpath("web", "world.html").read_text(encoding="utf-8")
 
 
 def resolve_model(name: str, weights: str | None) -> tuple[WorldModelConfig, Path | None]:
@@ -112,11 +103,7 @@ class WorldService(KindServiceBase):
         return self.pipeline.runners[0] if self.pipeline is not None else None  # type: ignore[return-value]
 
     def routes(self) -> list[BaseRoute]:
-        return [WebSocketRoute(PATH, self._endpoint), Route(PAGE_PATH, self._page, methods=["GET"])]
-
-    async def _page(self, request: Request) -> Response:
-        """The minimal browser page (``clients/web/world.html``, shipped as package data)."""
-        return HTMLResponse(_page_html())
+        return [WebSocketRoute(PATH, self._endpoint)]
 
     def models(self) -> list[ServedModel]:
         return [ServedModel(self.config.model, self.name, (PATH,), self.capabilities() if self.model else {})]
