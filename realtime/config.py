@@ -115,7 +115,7 @@ class RobotConfig:
     """Robot policy sessions over the OpenPI protocol."""
 
     enabled: bool = True
-    policy: Literal["pi0-tiny", "zeros"] = "pi0-tiny"
+    policy: Literal["pi0-tiny", "pi0-shaped", "zeros"] = "pi0-tiny"
     idle_timeout_s: NonNegativeFloat = 0.0  # off: dead peers are found by the websocket pings
     max_lifetime_s: NonNegativeFloat = 0.0
     observation_preset: Literal["auto", "libero", "droid", "aloha", "pi0"] = "auto"
@@ -130,6 +130,7 @@ class RobotConfig:
     idle_after_intervals: Annotated[float, _in_range(1, 100)] = 3.0
     torch_threads: NonNegativeInt = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    cuda_graphs: bool = True
 
 
 @dataclass(frozen=True)

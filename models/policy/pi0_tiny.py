@@ -16,8 +16,17 @@ Action expert (run 10 times per tick):
     -> velocity v = noise - action
 Flow matching, openpi's convention: x_1 = noise, x_{t+dt} = x_t + dt * v(x_t, t), dt = -1/10.
 
+The same code builds pi0 at its real shapes (:data:`PI0_SHAPED`, random init, for timing on a
+GPU): a SigLIP-So400m-shaped vision tower (14x14 patches, 256 per camera, 27 layers of width
+1152), a Gemma-2B-shaped prefix (18 layers, width 2048, 8 query heads of 256 sharing one K/V head,
+GeGLU MLP of 16384) and a Gemma-300M-shaped action expert (width 1024, MLP 4096) whose layers
+attend jointly with the prefix's, as in pi0.
+
 Device: ``Pi0TinyPolicy(device=...)`` holds the weights there and runs the forward there (batches
-are collated on the host, then copied once); the returned chunks are host numpy arrays.
+are collated on the host, then copied once); the returned chunks are host numpy arrays. On CUDA,
+unguided batches replay a CUDA graph of the whole forward (prefix + 10 flow steps) captured per
+batch-size bucket at warmup (``models.cuda_graphs``); RTC-guided batches run eagerly (their
+vector-Jacobian product needs autograd).
 
 Everything is seeded: weights from ``config.seed``, the starting noise is one fixed
 ``[H, D]`` tensor from the same seed, so an observation always maps to the same chunk, whatever
@@ -36,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.cuda_graphs import BatchGraphs
 from models.policy import presets
 from models.policy.interface import ObservationError, PolicySpec
 from models.policy.rtc import Guide, RTCOptions, RTCState, guided_velocity
@@ -58,28 +68,97 @@ class Pi0TinyConfig:
     head_dim: int = 16
     depth: int = 2
     seed: int = 0
+    n_kv_head: int = 0  # K/V heads shared by the query heads (Gemma: 1); 0: one per query head
+    mlp_width: int = 0  # prefix MLP hidden width; 0: 4 x width
+    expert_mlp_width: int = 0  # action expert MLP hidden width; 0: 4 x expert_width
+    gated_mlp: bool = False  # GeGLU MLPs (Gemma) instead of GELU
+    vision_depth: int = 0  # transformer layers over the patches (So400m: 27); 0: patches go straight in
+    vision_width: int = 0
+    vision_heads: int = 0
+    vision_head_dim: int = 0
+    vision_mlp_width: int = 0
+    dtype: str = "float32"  # weights and activations ("bfloat16" for the real shapes)
 
     @property
     def n_patches(self) -> int:
         return (self.image_size // self.pool // self.patch_size) ** 2
+
+    @property
+    def patch_width(self) -> int:
+        return self.vision_width if self.vision_depth else self.width
+
+
+PI0_SHAPED = Pi0TinyConfig(
+    pool=1,
+    patch_size=14,
+    width=2048,
+    expert_width=1024,
+    n_head=8,
+    head_dim=256,
+    depth=18,
+    n_kv_head=1,
+    mlp_width=16384,
+    expert_mlp_width=4096,
+    gated_mlp=True,
+    vision_depth=27,
+    vision_width=1152,
+    vision_heads=16,
+    vision_head_dim=72,
+    vision_mlp_width=4304,
+    dtype="bfloat16",
+)
+"""pi0's shapes (openpi ``Pi0Config``: PaliGemma = So400m + Gemma-2B, Gemma-300M expert), random init."""
+
+CONFIGS = {"pi0-tiny": Pi0TinyConfig(), "pi0-shaped": PI0_SHAPED}
 
 
 VOCAB = 257  # UTF-8 bytes + padding id
 PAD_ID = 256
 
 
-class Layer(nn.Module):
-    """Pre-norm transformer layer whose attention may also read cached K/V of another stream."""
+class GeGLU(nn.Module):
+    """Gemma's gated MLP: down(gelu(gate(x)) * up(x))."""
 
-    def __init__(self, width: int, n_head: int, head_dim: int) -> None:
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(width, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.gelu(gate, approximate="tanh") * up)
+
+
+class Layer(nn.Module):
+    """Pre-norm transformer layer whose attention may also read cached K/V of another stream.
+
+    ``n_kv_head`` < ``n_head`` shares each K/V head among a group of query heads (Gemma's
+    multi-query attention); ``mlp_width`` is the MLP's hidden width (default 4 x width).
+    """
+
+    def __init__(
+        self,
+        width: int,
+        n_head: int,
+        head_dim: int,
+        n_kv_head: int = 0,
+        mlp_width: int = 0,
+        gated_mlp: bool = False,
+    ) -> None:
         super().__init__()
         self.n_head, self.head_dim = n_head, head_dim
+        self.n_kv_head = n_kv_head or n_head
         self.norm1 = nn.RMSNorm(width)
-        self.qkv = nn.Linear(width, 3 * n_head * head_dim, bias=False)
+        self.qkv = nn.Linear(width, (n_head + 2 * self.n_kv_head) * head_dim, bias=False)
         self.proj = nn.Linear(n_head * head_dim, width, bias=False)
         self.norm2 = nn.RMSNorm(width)
-        self.mlp = nn.Sequential(
-            nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"), nn.Linear(4 * width, width)
+        hidden = mlp_width or 4 * width
+        self.mlp = (
+            GeGLU(width, hidden)
+            if gated_mlp
+            else nn.Sequential(
+                nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, width)
+            )
         )
 
     def forward(
@@ -89,12 +168,16 @@ class Layer(nn.Module):
         stream's K/V followed by room for this one's), this stream's K/V are written into the tail and
         attention reads the whole buffer: no per-step concatenation."""
         B, T, _ = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        nh, nkv, hd = self.n_head, self.n_kv_head, self.head_dim
+        q, k, v = self.qkv(self.norm1(x)).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q = q.view(B, T, nh, hd).transpose(1, 2)
+        k = k.view(B, T, nkv, hd).transpose(1, 2)
+        v = v.view(B, T, nkv, hd).transpose(1, 2)
         if kv is not None:
             kv[0][:, :, -T:] = k
             kv[1][:, :, -T:] = v
             k, v = kv
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=nkv != nh)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, -1))
         x = x + self.mlp(self.norm2(x))
         return x, (k, v)
@@ -108,9 +191,9 @@ def sinusoidal(t: torch.Tensor, dim: int, min_period: float = 4e-3, max_period: 
     return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1)
 
 
-def attention_bias(valid: torch.Tensor) -> torch.Tensor:
-    """[B, K] bool (True = attend) -> additive [B, 1, 1, K] bias."""
-    bias = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+def attention_bias(valid: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[B, K] bool (True = attend) -> additive [B, 1, 1, K] bias of ``dtype`` (the queries')."""
+    bias = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
     return bias.masked_fill(~valid, float("-inf"))[:, None, None, :]
 
 
@@ -127,15 +210,19 @@ class Pi0Tiny(nn.Module):
     def __init__(self, config: Pi0TinyConfig) -> None:
         super().__init__()
         c = self.config = config
+        attention = {"n_kv_head": c.n_kv_head, "gated_mlp": c.gated_mlp}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(c.seed)
-            self.patch = nn.Conv2d(3, c.width, c.patch_size, c.patch_size)
-            self.patch_pos = nn.Parameter(0.02 * torch.randn(c.n_patches, c.width))
+            self.patch = nn.Conv2d(3, c.patch_width, c.patch_size, c.patch_size)
+            self.patch_pos = nn.Parameter(0.02 * torch.randn(c.n_patches, c.patch_width))
             self.camera_emb = nn.Parameter(0.02 * torch.randn(c.max_cameras, c.width))
             self.token_emb = nn.Embedding(VOCAB, c.width)
             self.token_pos = nn.Parameter(0.02 * torch.randn(c.prompt_len, c.width))
             self.state_in = nn.Linear(c.state_dim, c.width)
-            self.prefix_layers = nn.ModuleList(Layer(c.width, c.n_head, c.head_dim) for _ in range(c.depth))
+            self.prefix_layers = nn.ModuleList(
+                Layer(c.width, c.n_head, c.head_dim, mlp_width=c.mlp_width, **attention)
+                for _ in range(c.depth)
+            )
             self.action_in = nn.Linear(c.action_dim, c.expert_width)
             self.action_time_mlp = nn.Sequential(
                 nn.Linear(2 * c.expert_width, c.expert_width),
@@ -144,11 +231,18 @@ class Pi0Tiny(nn.Module):
             )
             self.action_pos = nn.Parameter(0.02 * torch.randn(c.action_horizon, c.expert_width))
             self.expert_layers = nn.ModuleList(
-                Layer(c.expert_width, c.n_head, c.head_dim) for _ in range(c.depth)
+                Layer(c.expert_width, c.n_head, c.head_dim, mlp_width=c.expert_mlp_width, **attention)
+                for _ in range(c.depth)
             )
             self.action_norm = nn.RMSNorm(c.expert_width)
             self.action_out = nn.Linear(c.expert_width, c.action_dim)
             self.register_buffer("noise", torch.randn(c.action_horizon, c.action_dim), persistent=False)
+            # the vision tower (none in pi0-tiny: its patches go straight into the prefix)
+            self.vision_layers = nn.ModuleList(
+                Layer(c.vision_width, c.vision_heads, c.vision_head_dim, mlp_width=c.vision_mlp_width)
+                for _ in range(c.vision_depth)
+            )
+            self.vision_out = nn.Linear(c.vision_width, c.width) if c.vision_depth else nn.Identity()
         self.eval()
 
     def embed_prefix(
@@ -160,16 +254,19 @@ class Pi0Tiny(nn.Module):
         state: torch.Tensor,  # [B, S]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         B, C = image_mask.shape
+        dtype = self.noise.dtype
         # pool the raw pixels (channels-last view, no layout copy), then scale to [-1, 1]
-        pooled = F.avg_pool2d(images.flatten(0, 1).float().permute(0, 3, 1, 2), self.config.pool)
-        pooled = pooled / 127.5 - 1.0
-        patches = self.patch(pooled).flatten(2).transpose(1, 2)  # [B*C, N, W]
-        patches = patches.view(B, C, -1, self.config.width) + self.patch_pos + self.camera_emb[:C, None, :]
+        pixels = images.flatten(0, 1).to(dtype).permute(0, 3, 1, 2)
+        pooled = (F.avg_pool2d(pixels, self.config.pool) if self.config.pool > 1 else pixels) / 127.5 - 1.0
+        patches = self.patch(pooled).flatten(2).transpose(1, 2) + self.patch_pos  # [B*C, N, W]
+        for layer in self.vision_layers:  # per camera, bidirectional over its patches
+            patches, _ = layer(patches, None)
+        patches = self.vision_out(patches).view(B, C, -1, self.config.width) + self.camera_emb[:C, None, :]
         emb = torch.cat(
             [
                 patches.flatten(1, 2),
                 self.token_emb(tokens) + self.token_pos,
-                self.state_in(state)[:, None, :],
+                self.state_in(state.to(dtype))[:, None, :],
             ],
             dim=1,
         )
@@ -187,7 +284,7 @@ class Pi0Tiny(nn.Module):
         """Run the prefix once (bidirectional, padding never attended to) and keep its K/V."""
         B, P, _ = emb.shape
         H = self.config.action_horizon
-        bias = attention_bias(mask)
+        bias = attention_bias(mask, emb.dtype)
         kv = []
         x = emb
         for layer in self.prefix_layers:
@@ -200,12 +297,12 @@ class Pi0Tiny(nn.Module):
             buffers[1][:, :, :P] = v
             kv.append(buffers)
         action_keys = torch.ones(B, H, dtype=torch.bool, device=mask.device)
-        return PrefixCache(kv, attention_bias(torch.cat([mask, action_keys], dim=1)))
+        return PrefixCache(kv, attention_bias(torch.cat([mask, action_keys], dim=1), emb.dtype))
 
     def velocity(self, cache: PrefixCache, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The action expert: v(x_t, t) given the cached prefix (one Euler step's model call)."""
         B, H, _ = x_t.shape
-        time_emb = sinusoidal(t, self.config.expert_width)[:, None, :].expand(B, H, -1)
+        time_emb = sinusoidal(t, self.config.expert_width).to(x_t.dtype)[:, None, :].expand(B, H, -1)
         x = self.action_time_mlp(torch.cat([self.action_in(x_t), time_emb], dim=-1)) + self.action_pos
         for layer, kv in zip(self.expert_layers, cache.kv, strict=True):
             x, _ = layer(x, cache.bias, kv)
@@ -283,6 +380,7 @@ class Pi0TinyPolicy:
         default_prompt: str = "",
         device: str = "cpu",
         max_prompt_chars: int = presets.MAX_PROMPT_CHARS,
+        cuda_graphs: bool = True,
     ) -> None:
         self.config = config or Pi0TinyConfig()
         self.device = device
@@ -291,7 +389,9 @@ class Pi0TinyPolicy:
             raise ValueError(f"unknown observation preset {preset!r} (known: {sorted(presets.PRESETS)})")
         self.preset = presets.PRESETS[preset] if preset else None
         self.default_prompt = default_prompt
-        self.model = Pi0Tiny(self.config).to(device)  # built on the host: same seeded weights anywhere
+        self.model = _build(self.config, device)
+        self.graphs: BatchGraphs | None = None  # captured at warmup (CUDA only)
+        self._use_graphs = cuda_graphs and torch.device(device).type == "cuda"
         c = self.config
         shown = [self.preset] if self.preset else list(presets.PRESETS.values())
         self.spec = PolicySpec(
@@ -351,6 +451,10 @@ class Pi0TinyPolicy:
             np.zeros(c.state_dim, np.float32),
             "",
         )
+        if self._use_graphs:
+            self.graphs = BatchGraphs(self._forward, max_batch)
+            with torch.no_grad():
+                self.graphs.capture(self.collate([Pi0Input(blank, None)]).as_args(self.model.noise.device))
         for n in sorted({1, max_batch}):
             self.infer([Pi0Input(blank, None)] * n, [None] * n)
 
@@ -360,10 +464,15 @@ class Pi0TinyPolicy:
     def infer(self, batch: Sequence[Pi0Input], snapshots: Sequence[Guide | None]) -> list[np.ndarray]:
         if not batch:
             return []
-        model = self.model
+        args = self.collate(batch).as_args(self.model.noise.device)
+        guide = self._guide(snapshots)
         with torch.no_grad():
-            cache = model.prefix_cache(*model.embed_prefix(*self.collate(batch).as_args(model.noise.device)))
-        chunks = model.sample(cache, self._guide(snapshots))[:, :, : self.spec.action_dim].cpu().numpy()
+            if guide is None and self.graphs is not None and len(batch) <= self.graphs.max_batch:
+                actions = self.graphs(*args)
+            else:
+                model = self.model
+                actions = model.sample(model.prefix_cache(*model.embed_prefix(*args)), guide)
+        chunks = actions[:, :, : self.spec.action_dim].float().cpu().numpy()
         out = []
         for chunk, snap in zip(chunks, snapshots, strict=True):
             if snap is not None:  # frozen actions execute from the previous chunk: make that exact
@@ -384,8 +493,22 @@ class Pi0TinyPolicy:
                 target[i, :, :dims] = torch.from_numpy(snap.target)
                 weights[i, :, :dims] = torch.from_numpy(snap.weights)[:, None]
                 max_weight[i] = snap.max_guidance_weight
-        device = self.model.noise.device
-        return target.to(device), weights.to(device), max_weight.to(device)
+        device, dtype = self.model.noise.device, self.model.noise.dtype
+        return target.to(device, dtype), weights.to(device, dtype), max_weight.to(device, dtype)
+
+    def _forward(self, *args: torch.Tensor) -> torch.Tensor:
+        """The unguided forward (prefix, then the flow steps): what the CUDA graphs capture."""
+        return self.model.sample(self.model.prefix_cache(*self.model.embed_prefix(*args)))
+
+
+def _build(config: Pi0TinyConfig, device: str) -> Pi0Tiny:
+    """The model on ``device`` in ``config.dtype``. float32 models are built on the host (the same
+    seeded weights on any device); others (the real shapes, GBs of weights) on the device."""
+    dtype = getattr(torch, config.dtype)
+    if dtype == torch.float32:
+        return Pi0Tiny(config).to(device)
+    with torch.device(device):
+        return Pi0Tiny(config).to(dtype)
 
 
 class Pi0SessionState(RTCState):
@@ -395,4 +518,13 @@ class Pi0SessionState(RTCState):
         return self.guide(prepared.rtc, now)
 
 
-__all__ = ["ObservationError", "Pi0Batch", "Pi0Input", "Pi0Tiny", "Pi0TinyConfig", "Pi0TinyPolicy"]
+__all__ = [
+    "CONFIGS",
+    "PI0_SHAPED",
+    "ObservationError",
+    "Pi0Batch",
+    "Pi0Input",
+    "Pi0Tiny",
+    "Pi0TinyConfig",
+    "Pi0TinyPolicy",
+]

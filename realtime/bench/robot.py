@@ -26,11 +26,17 @@ count. Clients are the real ``openpi_client.WebsocketClientPolicy`` on threads o
 
 ``--device`` (``auto``, ``cpu`` or ``cuda``) is ``robot.device`` for both servers' pi0-tiny (the
 trivial policy of (a) always runs on the CPU). On a GPU machine, one run of the defaults takes
-about a minute: ``realtime bench robot --device cuda``.
+about a minute: ``realtime bench robot --device cuda``. ``--policy pi0-shaped`` runs (a'), (b)
+and (c) with pi0 at its real shapes (``models.policy.pi0_tiny.PI0_SHAPED``, bf16, CUDA graphs in
+both servers: the same policy objects); ``--clients 8,32`` measures (b) at each count and
+``--parts`` picks the sections, e.g. the GPU-issue run
+``realtime bench robot --device cuda --policy pi0-shaped --parts a',b --clients 8,32 --max-batch 32``.
 
 The last line is JSON: ``overhead_ratio_libero``, ``overhead_ratio_aloha`` (ours / peer p50
 round trip, median over rounds), ``throughput_ratio_8`` (ours / peer chunks/s) with
-``mean_batch_8`` (ours) and ``idle_p50_ratio`` ((c): p50 among 7 paused / p50 alone), plus the raw
+``mean_batch_8`` (ours), ``p99_ratio_8`` (ours' p99 at 8 clients / ``latency_ms_1``, the p50 round
+trip of one client with the policy in (a')) and ``idle_p50_ratio`` ((c): p50 among 7 paused /
+p50 alone), the same ``_N`` keys for every other ``--clients`` count, plus the raw
 figures (``overhead_rounds_*``: each round's ratio; ``overhead_ratio_pi0_libero``: (a');
 ``idle_p50_ms``, ``idle_p50_ratio_window``: (c) under ``robot.dispatch: window``).
 """
@@ -285,6 +291,96 @@ def _ms(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values) * 1000.0, q))
 
 
+def trivial_overhead(requests: int, rounds_n: int, threads: int) -> dict[str, Any]:
+    """(a): the trivial policy's round trip, ours vs openpi-server, over fresh process pairs."""
+    results: dict[str, Any] = {}
+    payloads = {"libero": examples.libero(0), "aloha": examples.aloha(0)}
+    pooled: dict[str, dict[str, list[float]]] = {name: {"ours": [], "peer": []} for name in payloads}
+    rounds: dict[str, list[float]] = {name: [] for name in payloads}
+    per_round = max(10, requests // rounds_n)
+    for _ in range(rounds_n):
+        with ours("zeros", threads) as url_ours, peer("zeros", threads) as url_peer:
+            for name, obs in payloads.items():
+                samples = overhead(url_ours, url_peer, obs, per_round, blocks=max(1, per_round // 10))
+                rounds[name].append(_ms(samples["ours"], 50) / _ms(samples["peer"], 50))
+                for who in ("ours", "peer"):
+                    pooled[name][who] += samples[who]
+    print(f"(a) single client, trivial policy: round trip ms ({rounds_n} rounds of fresh server processes)")
+    _print_round_trips(pooled)
+    for name in payloads:
+        results[f"overhead_ratio_{name}"] = round(statistics.median(rounds[name]), 3)
+        results[f"overhead_rounds_{name}"] = [round(r, 3) for r in rounds[name]]
+        results[f"{name}_p50_ms"] = {who: round(_ms(pooled[name][who], 50), 3) for who in ("ours", "peer")}
+        print(f"{name}: ours / openpi-server p50 per round: {results[f'overhead_rounds_{name}']}")
+    print(
+        f"ratios: overhead libero {results['overhead_ratio_libero']}x, "
+        f"aloha {results['overhead_ratio_aloha']}x (goal <= 1.1)"
+    )
+    return results
+
+
+def concurrent(
+    policy: str, clients: int, seconds: float, threads: int, device: str, robot: Mapping[str, Any]
+) -> dict[str, Any]:
+    """(b): ``clients`` robots at once for ``seconds``, ours (batched) vs openpi-server (serial)."""
+    print(f"(b) {clients} concurrent clients, {policy}, {seconds:g} s each")
+    print(f"{'server':<14} {'chunks/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'forward ms':>11} {'mean batch':>11}")
+    figures, results = {}, {}
+    servers = (
+        ("peer", lambda: peer(policy, threads, device)),
+        ("ours", lambda: ours(policy, threads, robot)),
+    )
+    for who, serve in servers:
+        with serve() as url:
+            rate, lat, timings = throughput(url, clients, seconds)
+        figures[who] = (rate, _ms(lat, 50), _ms(lat, 99))
+        forward = statistics.fmean(t["infer_ms"] for t in timings)
+        batch = statistics.fmean(t.get("batch_size", 1.0) for t in timings)
+        label = "ours" if who == "ours" else "openpi-server"
+        print(
+            f"{label:<14} {rate:9.1f} {_ms(lat, 50):8.1f} {_ms(lat, 99):8.1f} {forward:11.1f} {batch:11.2f}"
+        )
+        if who == "ours":
+            results[f"mean_batch_{clients}"] = round(batch, 2)
+    results[f"throughput_ratio_{clients}"] = round(figures["ours"][0] / figures["peer"][0], 3)
+    results[f"p99_ms_{clients}"] = {
+        "ours": round(figures["ours"][2], 1),
+        "peer": round(figures["peer"][2], 1),
+    }
+    results[f"chunks_per_s_{clients}"] = {
+        "ours": round(figures["ours"][0], 1),
+        "peer": round(figures["peer"][0], 1),
+    }
+    print(
+        f"throughput at {clients} clients {results[f'throughput_ratio_{clients}']}x (goal >= 3) "
+        f"with p99 {figures['ours'][2]:.1f} vs {figures['peer'][2]:.1f} ms"
+    )
+    return results
+
+
+def idle_section(
+    policy: str, threads: int, robot: Mapping[str, Any], requests: int, rounds: int
+) -> dict[str, Any]:
+    """(c): one active robot alone vs among paused ones, under both dispatch rules."""
+    print(f"(c) 1 active client alone vs with {PAUSED_ROBOTS} paused ones connected, {policy}, LIBERO")
+    print(f"{'robot.dispatch':<15} {'p50 alone':>10} {'p50 paused':>11} {'ratio':>6}")
+    results: dict[str, Any] = {}
+    idle_p50: dict[str, dict[str, float]] = {}
+    for dispatch in ("arrival", "window"):
+        with ours(policy, threads, {**robot, "dispatch": dispatch}) as url:
+            samples = idle_robots(url, requests, rounds)
+        idle_p50[dispatch] = {case: round(_ms(samples[case], 50), 3) for case in ("alone", "paused")}
+        ratio = idle_p50[dispatch]["paused"] / idle_p50[dispatch]["alone"]
+        results["idle_p50_ratio" if dispatch == "arrival" else "idle_p50_ratio_window"] = round(ratio, 3)
+        print(
+            f"{dispatch:<15} {idle_p50[dispatch]['alone']:10.2f} {idle_p50[dispatch]['paused']:11.2f} "
+            f"{ratio:6.2f}"
+        )
+    results["idle_p50_ms"] = idle_p50
+    print(f"idle robots: p50 ratio {results['idle_p50_ratio']}x (goal <= 1.1)")
+    return results
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="realtime bench robot", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -295,7 +391,18 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--policy-requests", type=int, default=200, help="round trips per server in (a')")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per server in (b)")
-    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--clients", default="8", help="(b): concurrent clients, or a comma list such as 8,32"
+    )
+    parser.add_argument(
+        "--policy",
+        choices=["pi0-tiny", "pi0-shaped"],
+        default="pi0-tiny",
+        help="the policy of (a'), (b) and (c) for both servers",
+    )
+    parser.add_argument(
+        "--parts", default="a,a',b,c", help="sections to run (comma list of a, a', b, c; default all)"
+    )
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument(
         "--device",
@@ -315,7 +422,7 @@ def main(argv: list[str]) -> int:
         "--idle-requests", type=int, default=240, help="(c): the active client's round trips per case"
     )
     parser.add_argument("--idle-rounds", type=int, default=4, help="(c): alternating blocks per case")
-    parser.add_argument("--serve-peer", choices=["zeros", "pi0-tiny"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve-peer", choices=["zeros", "pi0-tiny", "pi0-shaped"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     missing = missing_peer()
@@ -329,86 +436,49 @@ def main(argv: list[str]) -> int:
     device = _describe_device(args.device)
     print(
         f"robot bench: ours (realtime serve) vs openpi-server 0.1.0, same policy objects, loopback, "
-        f"torch threads={threads}, cpu count={os.cpu_count()}, pi0-tiny device={device}"
+        f"torch threads={threads}, cpu count={os.cpu_count()}, {args.policy} device={device}"
     )
     results: dict[str, Any] = {}
-    payloads = {"libero": examples.libero(0), "aloha": examples.aloha(0)}
-    pooled: dict[str, dict[str, list[float]]] = {name: {"ours": [], "peer": []} for name in payloads}
-    rounds: dict[str, list[float]] = {name: [] for name in payloads}
-    per_round = max(10, args.requests // args.rounds)
-    for _ in range(args.rounds):
-        with ours("zeros", threads) as url_ours, peer("zeros", threads) as url_peer:
-            for name, obs in payloads.items():
-                samples = overhead(url_ours, url_peer, obs, per_round, blocks=max(1, per_round // 10))
-                rounds[name].append(_ms(samples["ours"], 50) / _ms(samples["peer"], 50))
-                for who in ("ours", "peer"):
-                    pooled[name][who] += samples[who]
-    print(
-        f"(a) single client, trivial policy: round trip ms ({args.rounds} rounds of fresh server processes)"
-    )
-    _print_round_trips(pooled)
-    for name in payloads:
-        results[f"overhead_ratio_{name}"] = round(statistics.median(rounds[name]), 3)
-        results[f"overhead_rounds_{name}"] = [round(r, 3) for r in rounds[name]]
-        results[f"{name}_p50_ms"] = {who: round(_ms(pooled[name][who], 50), 3) for who in ("ours", "peer")}
-        print(f"{name}: ours / openpi-server p50 per round: {results[f'overhead_rounds_{name}']}")
-    robot = {"device": args.device}
-    with peer("pi0-tiny", threads, args.device) as url_peer, ours("pi0-tiny", threads, robot) as url_ours:
-        obs = examples.libero(0)
-        samples = overhead(
-            url_ours, url_peer, obs, args.policy_requests, blocks=max(1, args.policy_requests // 10)
-        )
-    print("(a') single client, pi0-tiny, LIBERO: round trip ms")
-    _print_round_trips({"libero": samples})
-    results["overhead_ratio_pi0_libero"] = round(_ms(samples["ours"], 50) / _ms(samples["peer"], 50), 3)
-    print(f"(b) {args.clients} concurrent clients, pi0-tiny, {args.seconds:g} s each")
-    print(f"{'server':<14} {'chunks/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'forward ms':>11} {'mean batch':>11}")
-    figures = {}
+    parts = set(args.parts.split(","))
+    unknown = parts - {"a", "a'", "b", "c"}
+    if unknown:
+        parser.error(f"--parts: unknown sections {sorted(unknown)}")
+    counts = [int(n) for n in args.clients.split(",")]
+    robot: dict[str, Any] = {"device": args.device}
     if args.coalesce_window_s is not None:
         robot["coalesce_window_s"] = args.coalesce_window_s
     if args.max_batch is not None:
         robot["max_batch"] = args.max_batch
-    servers = (
-        ("peer", lambda: peer("pi0-tiny", threads, args.device)),
-        ("ours", lambda: ours("pi0-tiny", threads, robot)),
-    )
-    for who, serve in servers:
-        with serve() as url:
-            rate, lat, timings = throughput(url, args.clients, args.seconds)
-        figures[who] = (rate, _ms(lat, 50), _ms(lat, 99))
-        forward = statistics.fmean(t["infer_ms"] for t in timings)
-        batch = statistics.fmean(t.get("batch_size", 1.0) for t in timings)
-        label = "ours" if who == "ours" else "openpi-server"
-        print(
-            f"{label:<14} {rate:9.1f} {_ms(lat, 50):8.1f} {_ms(lat, 99):8.1f} {forward:11.1f} {batch:11.2f}"
-        )
-        if who == "ours":
-            results["mean_batch_8"] = round(batch, 2)
-    results["throughput_ratio_8"] = round(figures["ours"][0] / figures["peer"][0], 3)
-    results["p99_ms_8"] = {"ours": round(figures["ours"][2], 1), "peer": round(figures["peer"][2], 1)}
-    results["chunks_per_s_8"] = {"ours": round(figures["ours"][0], 1), "peer": round(figures["peer"][0], 1)}
-    print(
-        f"ratios: overhead libero {results['overhead_ratio_libero']}x, aloha {results['overhead_ratio_aloha']}x "
-        f"(goal <= 1.1); throughput at {args.clients} clients {results['throughput_ratio_8']}x (goal >= 3) "
-        f"with p99 {results['p99_ms_8']['ours']} vs {results['p99_ms_8']['peer']} ms"
-    )
-    print(f"(c) 1 active client alone vs with {PAUSED_ROBOTS} paused ones connected, pi0-tiny, LIBERO")
-    print(f"{'robot.dispatch':<15} {'p50 alone':>10} {'p50 paused':>11} {'ratio':>6}")
-    idle_p50: dict[str, dict[str, float]] = {}
-    for dispatch in ("arrival", "window"):
-        with ours("pi0-tiny", threads, {**robot, "dispatch": dispatch}) as url:
-            samples = idle_robots(url, args.idle_requests, args.idle_rounds)
-        idle_p50[dispatch] = {case: round(_ms(samples[case], 50), 3) for case in ("alone", "paused")}
-        ratio = idle_p50[dispatch]["paused"] / idle_p50[dispatch]["alone"]
-        results["idle_p50_ratio" if dispatch == "arrival" else "idle_p50_ratio_window"] = round(ratio, 3)
-        print(
-            f"{dispatch:<15} {idle_p50[dispatch]['alone']:10.2f} {idle_p50[dispatch]['paused']:11.2f} "
-            f"{ratio:6.2f}"
-        )
-    results["idle_p50_ms"] = idle_p50
-    print(f"idle robots: p50 ratio {results['idle_p50_ratio']}x (goal <= 1.1)")
+    if "a" in parts:
+        results.update(trivial_overhead(args.requests, args.rounds, threads))
+    if "a'" in parts:
+        with (
+            peer(args.policy, threads, args.device) as url_peer,
+            ours(args.policy, threads, {"device": args.device}) as url_ours,
+        ):
+            samples = overhead(
+                url_ours,
+                url_peer,
+                examples.libero(0),
+                args.policy_requests,
+                blocks=max(1, args.policy_requests // 10),
+            )
+        print(f"(a') single client, {args.policy}, LIBERO: round trip ms")
+        _print_round_trips({"libero": samples})
+        results["overhead_ratio_pi0_libero"] = round(_ms(samples["ours"], 50) / _ms(samples["peer"], 50), 3)
+        results["latency_ms_1"] = round(_ms(samples["ours"], 50), 2)
+        results["latency_ms_1_peer"] = round(_ms(samples["peer"], 50), 2)
+    if "b" in parts:
+        for clients in counts:
+            results.update(concurrent(args.policy, clients, args.seconds, threads, args.device, robot))
+            if "latency_ms_1" in results:
+                p99 = results[f"p99_ms_{clients}"]["ours"]
+                results[f"p99_ratio_{clients}"] = round(p99 / results["latency_ms_1"], 3)
+    if "c" in parts:
+        results.update(idle_section(args.policy, threads, robot, args.idle_requests, args.idle_rounds))
     results["device"] = device
-    results["clients"] = args.clients
+    results["clients"] = counts
+    results["policy"] = args.policy
     print(json.dumps(results))
     return 0
 

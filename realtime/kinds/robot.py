@@ -27,6 +27,7 @@ import ctypes
 import ctypes.util
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from models.policy.interface import ObservationError, Policy
-from models.policy.pi0_tiny import Pi0TinyConfig, Pi0TinyPolicy
+from models.policy.pi0_tiny import CONFIGS, Pi0TinyPolicy
 from models.policy.stage import PolicyChunk, PolicyInput, PolicyStage, policy_input
 from models.policy.trivial import ZerosPolicy
 from realtime import __version__
@@ -97,7 +98,11 @@ def build_policy(config: RobotConfig) -> Policy:
     if config.policy == "zeros":
         return ZerosPolicy(preset=preset, **limits)
     return Pi0TinyPolicy(
-        Pi0TinyConfig(seed=config.seed), preset=preset, device=resolve_device(config.device), **limits
+        replace(CONFIGS[config.policy], seed=config.seed),
+        preset=preset,
+        device=resolve_device(config.device),
+        cuda_graphs=config.cuda_graphs,
+        **limits,
     )
 
 

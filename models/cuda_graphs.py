@@ -1,0 +1,97 @@
+"""CUDA-graph replay of a fixed-shape batched forward, one graph per batch-size bucket.
+
+A forward whose inputs are tensors with a leading batch dimension (and otherwise fixed shapes)
+is launch-bound at small batches on a fast GPU: pi0's 10 flow steps over 18 expert layers are
+hundreds of small kernels. :class:`BatchGraphs` captures ``fn(*inputs)`` once per bucket size
+(the powers of two up to ``max_batch``) into static input/output buffers sharing one memory
+pool, and serves a batch of ``n`` by padding it to the next bucket (repeating its last row: rows
+are independent in the forwards this is used for), copying the inputs in, replaying the graph and
+slicing the first ``n`` rows out.
+
+Contract: ``fn`` must be a pure function of its tensor arguments (no host synchronisation, no
+data-dependent shapes, no RNG), return one tensor with the batch dimension first, and run on
+the stream it is called on. The output is a fresh tensor (a copy of the static buffer), so a
+later replay never overwrites a result a caller still holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+def buckets(max_batch: int) -> tuple[int, ...]:
+    """Powers of two below ``max_batch``, then ``max_batch`` itself: 1, 2, 4, ..., max_batch."""
+    sizes = [1]
+    while sizes[-1] * 2 < max_batch:
+        sizes.append(sizes[-1] * 2)
+    if max_batch > 1:
+        sizes.append(max_batch)
+    return tuple(sizes)
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]
+    output: torch.Tensor
+
+
+class BatchGraphs:
+    """Replays ``fn`` from CUDA graphs captured per batch bucket (see the module docstring)."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], max_batch: int, warmup_iters: int = 2) -> None:
+        self.fn = fn
+        self.sizes = buckets(max_batch)
+        self.warmup_iters = warmup_iters
+        self._graphs: dict[int, _Graph] = {}
+        self._pool = None
+
+    @property
+    def max_batch(self) -> int:
+        return self.sizes[-1]
+
+    def capture(self, example: Sequence[torch.Tensor]) -> None:
+        """Capture every bucket from one example batch (any batch size; rows are repeated)."""
+        for size in self.sizes:
+            if size not in self._graphs:
+                self._graphs[size] = self._capture(tuple(_pad(t, size) for t in example))
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        n = inputs[0].shape[0]
+        size = next((s for s in self.sizes if s >= n), None)
+        if size is None:
+            raise ValueError(f"batch of {n} exceeds the captured maximum {self.max_batch}")
+        entry = self._graphs.get(size)
+        if entry is None:
+            entry = self._graphs[size] = self._capture(tuple(_pad(t, size) for t in inputs))
+        for static, given in zip(entry.inputs, inputs, strict=True):
+            static[:n].copy_(given, non_blocking=True)
+            if n < size:
+                static[n:].copy_(given[-1:].expand_as(static[n:]), non_blocking=True)
+        entry.graph.replay()
+        return entry.output[:n].clone()
+
+    def _capture(self, inputs: tuple[torch.Tensor, ...]) -> _Graph:
+        static = tuple(t.clone() for t in inputs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up off the capture (allocator, cuBLAS handles, autotune)
+            for _ in range(self.warmup_iters):
+                self.fn(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            output = self.fn(*static)
+        return _Graph(graph, static, output)
+
+
+def _pad(tensor: torch.Tensor, size: int) -> torch.Tensor:
+    n = tensor.shape[0]
+    if n >= size:
+        return tensor[:size]
+    return torch.cat([tensor, tensor[-1:].expand(size - n, *tensor.shape[1:])])
