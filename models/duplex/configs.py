@@ -47,6 +47,7 @@ class DuplexModelConfig:
     depth_ffn_dim: int = 192
     # text stream: token 0 = PAD (the model listens), token 1 = BOS (stream start)
     text_vocab: int = 64
+    pad_bias: float = 3.0  # initial PAD logit bias of the text head (random weights: ~half listening)
     # sampling (Gumbel-max over counter-based noise; 0 = greedy)
     text_temperature: float = 0.7
     audio_temperature: float = 0.8
@@ -105,13 +106,13 @@ MOSHI_7B = DuplexModelConfig(
     dim=4096,
     heads=32,
     layers=32,
-    ffn_dim=16_896,  # Moshi: 4.125 x dim, gated
+    ffn_dim=11_264,  # Moshi: dim_feedforward 4.125 x dim, gated -> 2/3 of it per matrix
     context=3000,
     sink=0,  # Moshi's KV is a plain ring of 3000 frames (no sink)
     depth_dim=1024,
     depth_heads=16,
     depth_layers=6,
-    depth_ffn_dim=4224,
+    depth_ffn_dim=2816,
     text_vocab=32_000,
 )
 

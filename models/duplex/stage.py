@@ -24,13 +24,19 @@ the crossing); ``"end"`` answers every step at or beyond the context length with
 
 from __future__ import annotations
 
+import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
+from models.duplex.codec import CodecStatePool, StreamingCodec
 from models.duplex.configs import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, ContextPolicy, DuplexModelConfig
+from models.duplex.kv_cache import KVGeometry, SlotKV
+from models.duplex.lm import BOS, PAD, DuplexLM, text_piece
 from models.stage import StageItem
 
 __all__ = [
@@ -44,6 +50,7 @@ __all__ = [
     "DuplexOutput",
     "DuplexStage",
     "build_duplex_stage",
+    "measure_step_seconds",
 ]
 
 
@@ -100,59 +107,155 @@ def check_frame(pcm: Any) -> DuplexInputError | None:
 
 
 class DuplexStage:
-    """PROVISIONAL (interface only): steps positions and policies, outputs silence.
+    """The embedded duplex model (codec + speech LM) over per-slot pools (see the module docstring).
 
-    The embedded model (codec + LM) replaces the compute; the interface stays.
+    Per slot: the temporal KV (:class:`SlotKV`), the codec's encoder (user audio) and decoder
+    (model audio) buffers (:class:`CodecStatePool`), the previous step's text and audio tokens,
+    the sampling seed and the position. ``state_bytes`` counts all of them.
     """
 
     name = "duplex"
     sample_rate = SAMPLE_RATE
     frame_samples = FRAME_SAMPLES
 
-    def __init__(self, config: DuplexModelConfig, device: str, slot_capacity: int) -> None:
+    def __init__(
+        self,
+        config: DuplexModelConfig,
+        codec: StreamingCodec,
+        lm: DuplexLM,
+        device: str,
+        slot_capacity: int,
+        seed: int = 0,
+    ) -> None:
         config.validate()
-        self.config = config
-        self.device = device
-        self.slot_capacity = slot_capacity
-        self._steps = np.zeros(slot_capacity, dtype=np.int64)
+        if slot_capacity < 1:
+            raise ValueError("slot_capacity must be >= 1")
+        self.config, self.codec, self.lm = config, codec, lm
+        self.device, self.slot_capacity, self.seed = device, slot_capacity, seed
+        dtype = getattr(torch, config.dtype)
+        self.dtype = dtype
+        self.kv = SlotKV(KVGeometry.of(config, dtype), slot_capacity, dtype, device, config.rope_theta)
+        self.codec_state = CodecStatePool(codec, slot_capacity, dtype, device)
+        self.prev_text = torch.full((slot_capacity,), BOS, dtype=torch.long, device=device)
+        self.prev_audio = torch.full(
+            (slot_capacity, config.n_q), lm.start_audio, dtype=torch.long, device=device
+        )
+        self.seeds = torch.zeros(slot_capacity, dtype=torch.long, device=device)
+        self.steps = np.zeros(slot_capacity, dtype=np.int64)  # host copy: policy decisions, no sync
 
     @property
     def context_policy(self) -> ContextPolicy:
         return self.config.context_policy
 
     def state_bytes(self) -> int:
-        return 0
+        """KV row + codec buffers + previous tokens, seed and position of one slot."""
+        tokens = (1 + self.config.n_q + 1) * 8 + self.steps.itemsize
+        return self.kv.geometry.bytes_per_session + self.codec_state.bytes_per_slot + tokens
 
     def silence(self) -> DuplexInput:
         return DuplexInput(_SILENCE, silent=True)
 
     def open_state(self, session_id: str, slot: int) -> str:
-        self._steps[slot] = 0
+        """A fresh stream in ``slot``: empty KV, zero codec buffers, start tokens, step 0; the
+        sampling seed derives from the stage seed and ``session_id`` (same id, same stream)."""
+        self.kv.reset(slot)
+        self.codec_state.reset(slot)
+        self.prev_text[slot] = BOS
+        self.prev_audio[slot] = self.lm.start_audio
+        self.seeds[slot] = zlib.crc32(f"{self.seed}:{session_id}".encode())
+        self.steps[slot] = 0
         return session_id
 
     def release_state(self, session_id: str, slot: int, state: Any) -> None:
-        self._steps[slot] = 0
+        self.steps[slot] = 0  # the row's content is dead; open_state clears it for the next user
 
     def forward(self, items: Sequence[StageItem]) -> list[DuplexOutput | Exception]:
         cfg = self.config
-        out: list[DuplexOutput | Exception] = []
-        for item in items:
+        results: list[DuplexOutput | Exception | None] = []
+        ready: list[int] = []
+        for i, item in enumerate(items):
             bad = check_frame(getattr(item.payload, "pcm", None))
-            step = int(self._steps[item.slot])
-            if bad is not None:
-                out.append(bad)
-            elif step >= cfg.context and cfg.context_policy == "end":
-                out.append(ContextExhausted(cfg.context))
-            else:
-                out.append(DuplexOutput(_SILENCE, "", False, step, step >= cfg.context))
-        for item, res in zip(items, out, strict=True):
-            if isinstance(res, DuplexOutput):
-                self._steps[item.slot] = res.step + 1
-        return out
+            if bad is None and cfg.context_policy == "end" and self.steps[item.slot] >= cfg.context:
+                bad = ContextExhausted(cfg.context)
+            results.append(bad)
+            if bad is None:
+                ready.append(i)
+        if ready:
+            for i, out in zip(ready, self._step([items[i] for i in ready]), strict=True):
+                results[i] = out
+        return results  # type: ignore[return-value]  # every None was filled by _step
+
+    def _step(self, items: Sequence[StageItem]) -> list[DuplexOutput]:
+        """One batched frame: encode inputs, temporal + depth step, decode outputs, then commit."""
+        slot_list = [item.slot for item in items]
+        steps = self.steps[slot_list]
+        slots = torch.tensor(slot_list, dtype=torch.long, device=self.device)
+        t = torch.from_numpy(steps).to(self.device)
+        pcm = torch.from_numpy(np.stack([item.payload.pcm for item in items])).to(self.device, self.dtype)
+        with torch.inference_mode():
+            state = self.codec_state.gather(slots)
+            user, encoder = self.codec.encode(pcm, state)
+            out = self.lm.step(
+                self.kv,
+                slots,
+                t,
+                self.prev_text[slots],
+                self.prev_audio[slots],
+                user[:, :, 0],
+                self.seeds[slots],
+            )
+            audio, decoder = self.codec.decode(out.audio[:, :, None], state)
+            audio_np = audio.float().cpu().numpy()
+            text = out.text.cpu().tolist()
+            # commit: everything above succeeded
+            self.codec_state.commit(slots, encoder, decoder)
+            self.prev_text[slots] = out.text
+            self.prev_audio[slots] = out.audio
+        self.steps[slot_list] = steps + 1
+        return [
+            DuplexOutput(
+                audio_np[b], text_piece(tok), tok != PAD, int(step), bool(step >= self.config.context)
+            )
+            for b, (tok, step) in enumerate(zip(text, steps, strict=True))
+        ]
 
 
 def build_duplex_stage(
     config: DuplexModelConfig, device: str, slot_capacity: int, seed: int = 0
 ) -> DuplexStage:
-    """The embedded duplex model (random weights from ``seed``) as a stage of ``slot_capacity`` slots."""
-    return DuplexStage(config, device, slot_capacity)
+    """The embedded duplex model with random weights drawn from ``seed``, ``slot_capacity`` slots.
+
+    ``device="meta"`` builds the shapes without memory (capacity planning of large configs:
+    ``state_bytes`` is exact there; ``forward`` cannot run).
+    """
+    config.validate()
+    dtype = getattr(torch, config.dtype)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        codec, lm = StreamingCodec(config), DuplexLM(config)
+    codec = codec.to(dtype=dtype).eval().requires_grad_(False)
+    lm = lm.to(dtype=dtype).eval().requires_grad_(False)
+    return DuplexStage(config, codec, lm, device, slot_capacity, seed)
+
+
+def measure_step_seconds(stage: DuplexStage, max_batch: int, reps: int = 3) -> dict[int, float]:
+    """Seconds of one steady step at batch 1, 2, 4, ... up to ``max_batch`` (and the slots): the
+    compute side of admission. Runs before the engine owns the slots (it opens and releases
+    them itself); also warms the model up."""
+    sizes = sorted({min(b, max_batch, stage.slot_capacity) for b in (1, 2, 4, 8, 16, 32, 64, max_batch)})
+    seconds: dict[int, float] = {}
+    for b in sizes:
+        items = [StageItem(f"probe-{i}", 0, stage.silence(), slot=i) for i in range(b)]
+        for item in items:
+            stage.open_state(item.session_id, item.slot)  # type: ignore[arg-type]
+        try:
+            times = []
+            for _ in range(1 + reps):  # the first step warms up
+                t0 = time.perf_counter()
+                stage.forward(items)
+                times.append(time.perf_counter() - t0)
+            seconds[b] = min(times[1:])
+        finally:
+            for item in items:
+                stage.release_state(item.session_id, item.slot, None)  # type: ignore[arg-type]
+    return seconds
