@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from models.voice.tool_calls import ToolSpec, format_tool_result, tools_system_prompt
 from models.voice.weights import PackagedFile, build_once, verified_path
 
 SMOLLM2_GGUF = PackagedFile(
@@ -60,7 +61,10 @@ class ContextTooLong(ChatError):
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
-    role: Literal["system", "user", "assistant"]
+    """One turn. ``tool`` is a function's output (a template without that role gets it as a user
+    turn in ``<tool_response>`` tags); an assistant's earlier call is its markup as ``content``."""
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
 
 
@@ -199,8 +203,16 @@ class TransformersChat:
         max_new_tokens: int = 256,
         temperature: float = 0.0,
         should_stop: Callable[[], bool] = lambda: False,
+        tools: Sequence[ToolSpec] = (),
+        prefill: str = "",
+        choices: Sequence[str] = (),
     ) -> Iterator[str]:
         """Stream the assistant's reply to ``messages`` as text pieces (a sync generator).
+
+        ``tools`` are offered in the prompt and ``prefill`` ends it (:func:`render_chat`; the
+        reply continues the prefill, which is not yielded). With ``choices`` the reply starts
+        with one of them, picked greedily token by token among the choices' tokenizations
+        (constrained decoding: deterministic at any temperature); generation then goes on freely.
 
         Validation (unknown conversation, context bound) happens here, before iteration; the
         cache is touched only while iterating, and the first ``next`` raises
@@ -209,8 +221,18 @@ class TransformersChat:
         generator early is safe; the cache keeps what was computed.
         """
         conversation = self._get(conversation_id)
-        prompt = self._fit(messages, max_new_tokens)
-        return self._stream(conversation_id, conversation, prompt, max_new_tokens, temperature, should_stop)
+        prompt = fit_prompt(
+            self.tokenizer,
+            messages,
+            self.system_prompt,
+            self.max_context_tokens - max_new_tokens,
+            tools=tools,
+            prefill=prefill,
+        )
+        forced = [self.tokenizer(c, add_special_tokens=False)["input_ids"] for c in choices]
+        return self._stream(
+            conversation_id, conversation, prompt, max_new_tokens, temperature, should_stop, forced
+        )
 
     def _stream(
         self,
@@ -220,6 +242,7 @@ class TransformersChat:
         max_new_tokens: int,
         temperature: float,
         should_stop: Callable[[], bool],
+        forced: list[list[int]],
     ) -> Iterator[str]:
         with self._lock:
             if conversation.busy:
@@ -230,8 +253,13 @@ class TransformersChat:
                 return
             logits = self._prefill(conversation, prompt)
             detokenizer = _Detokenizer(self.tokenizer)
+            chosen: list[int] = []
             for step in range(max_new_tokens):
-                token = self._sample(logits, temperature)
+                if forced:
+                    token = _constrained(logits, forced, chosen)
+                    forced = [] if chosen in forced else forced
+                else:
+                    token = self._sample(logits, temperature)
                 conversation.generated_tokens += 1
                 if token in self._eos:
                     return
@@ -305,7 +333,15 @@ class TransformersChat:
         return conversation
 
 
-def fit_prompt(tokenizer, messages: Sequence[ChatMessage], system_prompt: str, budget: int) -> list[int]:
+def fit_prompt(
+    tokenizer,
+    messages: Sequence[ChatMessage],
+    system_prompt: str,
+    budget: int,
+    *,
+    tools: Sequence[ToolSpec] = (),
+    prefill: str = "",
+) -> list[int]:
     """The conversation's prompt ids in at most ``budget`` tokens (every chat backend's one rule).
 
     ``system_prompt`` is prepended when the messages carry no system message. The oldest
@@ -316,7 +352,7 @@ def fit_prompt(tokenizer, messages: Sequence[ChatMessage], system_prompt: str, b
     if not messages or messages[0].role != "system":
         messages.insert(0, ChatMessage("system", system_prompt))
     while True:
-        ids = render_chat(tokenizer, messages)
+        ids = render_chat(tokenizer, messages, tools, prefill)
         if len(ids) <= budget:
             return ids
         if len(messages) <= 2:
@@ -328,11 +364,40 @@ def fit_prompt(tokenizer, messages: Sequence[ChatMessage], system_prompt: str, b
             del messages[1]
 
 
-def render_chat(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
-    """``messages`` rendered with the tokenizer's chat template (generation prompt added), as ids."""
-    rendered = tokenizer.apply_chat_template(
-        [{"role": m.role, "content": m.content} for m in messages],
-        add_generation_prompt=True,
-        tokenize=False,
-    )
-    return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+def render_chat(
+    tokenizer, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = (), prefill: str = ""
+) -> list[int]:
+    """``messages`` rendered with the tokenizer's chat template (generation prompt added), then
+    ``prefill`` (text the reply is made to start with), as ids.
+
+    ``tools`` go to the template's own ``tools=`` support when it has one (Qwen2.5, Hermes);
+    otherwise (SmolLM2) the Hermes-style listing of :func:`tools_system_prompt` is appended to the
+    system message, and ``tool`` turns become user turns in ``<tool_response>`` tags.
+    """
+    native = "tools" in (tokenizer.chat_template or "")
+    entries = [
+        {"role": "user", "content": format_tool_result(m.content)}
+        if m.role == "tool" and not native
+        else {"role": m.role, "content": m.content}
+        for m in messages
+    ]
+    extra = {}
+    if tools and native:
+        extra["tools"] = [t.template_entry() for t in tools]
+    elif tools:
+        listing = tools_system_prompt(tools)
+        if entries and entries[0]["role"] == "system":
+            entries[0] = {"role": "system", "content": f"{entries[0]['content']}\n\n{listing}".strip()}
+        else:
+            entries.insert(0, {"role": "system", "content": listing})
+    rendered = tokenizer.apply_chat_template(entries, add_generation_prompt=True, tokenize=False, **extra)
+    return tokenizer(rendered + prefill, add_special_tokens=False)["input_ids"]
+
+
+def _constrained(logits: torch.Tensor, forced: list[list[int]], chosen: list[int]) -> int:
+    """The likeliest next token that keeps ``chosen`` a prefix of one of ``forced`` (appended)."""
+    at = len(chosen)
+    allowed = {ids[at] for ids in forced if len(ids) > at and ids[:at] == chosen}
+    token = max(allowed, key=lambda t: float(logits[t]))
+    chosen.append(token)
+    return token
