@@ -39,15 +39,17 @@ class WorldModelConfig:
     text_vocab: int = 512
     text_len: int = 8
     text_dim: int = 32
-    # autoregression and rolling KV (frames are latent frames)
-    frames_per_block: int = 2
+    # autoregression and rolling KV (frames are latent frames); one latent (4 pixel frames, 250 ms
+    # at 16 fps) per block: a control waits for at most one block boundary (docs/benchmarks.md)
+    frames_per_block: int = 1
     sink_frames: int = 1
     window_frames: int = 4
     # few-step flow sampler: noise levels of the staged denoise passes (then a sigma=0 clean pass)
     sigmas: tuple[float, ...] = (1.0, 0.5)
     # causal decoder: latent -> RGB, spatial x(2**len(decoder_channels)), temporal x4 (the tiny
-    # default: 8x8 latents, 16 DiT tokens per frame -> 128x128 frames)
-    decoder_channels: tuple[int, ...] = (48, 32, 16, 8)
+    # default: 8x8 latents, 16 DiT tokens per frame -> 128x128 frames; the widths of the last,
+    # full-resolution levels are what draws brick mortar and floor checks)
+    decoder_channels: tuple[int, ...] = (64, 48, 32, 16)
     temporal_factor: int = 4
     fps: int = 16
     extra: dict[str, str] = field(default_factory=dict, compare=False)
@@ -104,7 +106,7 @@ TINY = WorldModelConfig()
 # Random-init, test-sized variant: fast enough for CPU unit tests of every structural property.
 TEST = dataclasses.replace(
     TINY, name="world-test", latent_channels=4, dim=32, heads=2, depth=2, ffn_dim=64,
-    decoder_channels=(8, 8), text_len=4, text_dim=16,
+    decoder_channels=(8, 8), text_len=4, text_dim=16, frames_per_block=2,
 )  # fmt: skip
 
 WAN_1_3B = WorldModelConfig(

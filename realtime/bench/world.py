@@ -49,10 +49,11 @@ import websockets
 import yaml
 from prometheus_client import CollectorRegistry
 
-from models.world.configs import CONFIGS, WEIGHTS_DIR
+from models.world.configs import CONFIGS
 from models.world.model import WorldModel, WorldTick, tokenize
 from models.world.sampler import BlockRequest, recompute_generate
 from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
+from realtime.kinds.world import resolve_model
 from realtime.kinds.world_pacing import PlaybackPacer
 from realtime.media.stage import MediaEncodeStage, MediaSettings
 from sessions.engine import Pipeline, StageEngine
@@ -65,10 +66,10 @@ def _act(i: int) -> torch.Tensor:
 
 
 def _build(args, slots: int) -> WorldModel:
-    weights = WEIGHTS_DIR / "world-tiny.safetensors" if args.model == "world-tiny" else None
-    dtype = getattr(torch, args.dtype)
+    """The served model: the committed weights (with their own config) where they exist."""
+    cfg, weights = resolve_model(args.model, None)
     return WorldModel.build(
-        CONFIGS[args.model], slots=slots, weights=weights, device=args.device, dtype=dtype
+        cfg, slots=slots, weights=weights, device=args.device, dtype=getattr(torch, args.dtype)
     )
 
 

@@ -72,13 +72,14 @@ class WorldTickPayload:
 
 
 def resolve_model(name: str, weights: str | None) -> tuple[WorldModelConfig, Path | None]:
-    """(config, weights path or None) for ``world.model`` / ``world.weights``."""
+    """(config, weights path or None) for ``world.model`` / ``world.weights``: a weights file's
+    own config (its safetensors metadata) wins over the named config of the code."""
     if weights:
         return read_config(Path(weights)), Path(weights)
     if name not in CONFIGS:
         raise ValueError(f"unknown world model {name!r} (known: {', '.join(CONFIGS)})")
     trained = WEIGHTS_DIR / f"{name}.safetensors"
-    return CONFIGS[name], trained if trained.is_file() else None
+    return (read_config(trained), trained) if trained.is_file() else (CONFIGS[name], None)
 
 
 class WorldService(KindServiceBase):

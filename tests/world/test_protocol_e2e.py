@@ -11,11 +11,16 @@ import httpx
 import pytest
 import websockets
 
+from models.world.configs import WEIGHTS_DIR, read_config
 from realtime.config import config_from_mapping
 from realtime.media.video import Fmp4Decoder, decode_jpeg_batch
 from tests.serving import serve_in_process
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
+# frames in a session's first chunk and in every later one (world-tiny: 1 + 4(n - 1) and 4n for
+# n latents per block)
+_CFG = read_config(WEIGHTS_DIR / "world-tiny.safetensors")
+FIRST, LATER = _CFG.frames_for_block(True), _CFG.frames_for_block(False)
 
 
 def _config(**world):
@@ -80,13 +85,13 @@ async def test_fmp4_chunks_parse_with_pyav_and_echo_applied_events(server):
         )
         created = await _recv_json(ws, "session.created")
         caps = created["capabilities"]
-        assert caps["frames_per_chunk"] == {"first": 5, "later": 8} and caps["format"] == "fmp4"
+        assert caps["frames_per_chunk"] == {"first": FIRST, "later": LATER} and caps["format"] == "fmp4"
         decoder = Fmp4Decoder()  # one H.264 stream: init segment once, then bare fragments
         meta, data = await _next_chunk(ws)
-        assert meta["chunk_index"] == 0 and meta["frame_count"] == 5
+        assert meta["chunk_index"] == 0 and meta["frame_count"] == FIRST
         assert data[4:8] == b"ftyp" and 0 < meta["init_segment_bytes"] < len(data)
         frames = decoder.decode(data)
-        assert len(frames) == 5 and frames[0].shape == (caps["height"], caps["width"], 3)
+        assert len(frames) == FIRST and frames[0].shape == (caps["height"], caps["width"], 3)
         keys = {"track": "keys", "schema": "world.keys.v1", "data": {"pressed": ["a"]}}
         await ws.send(
             json.dumps({"type": "session.event", "event_id": 1, "controls": [keys], "client_ts_ms": 123.5})
@@ -96,7 +101,7 @@ async def test_fmp4_chunks_parse_with_pyav_and_echo_applied_events(server):
         for _ in range(20):
             meta, data = await _next_chunk(ws)
             assert data[4:8] == b"moof" and meta["init_segment_bytes"] == 0
-            assert len(decoder.decode(data)) == meta["frame_count"] == 8
+            assert len(decoder.decode(data)) == meta["frame_count"] == LATER
             if meta["applied_event_ids"]:
                 break
         assert meta["applied_event_ids"] == [1] and meta["client_ts_ms"] == 123.5
@@ -109,9 +114,9 @@ async def test_fmp4_chunks_parse_with_pyav_and_echo_applied_events(server):
         await ws.send(json.dumps({"type": "session.reset"}))
         await _recv_json(ws, "session.reset_done")
         meta, data = await _next_chunk(ws)
-        assert meta["chunk_index"] == 0 and meta["frame_count"] == 5
+        assert meta["chunk_index"] == 0 and meta["frame_count"] == FIRST
         assert data[4:8] == b"ftyp" and meta["init_segment_bytes"] > 0  # a new stream after reset
-        assert len(decoder.decode(data)) == 5
+        assert len(decoder.decode(data)) == FIRST
         await ws.send(json.dumps({"type": "session.close"}))
         closed = await _recv_json(ws, "session.closed")
         assert closed["reason"] == "client_close"
@@ -125,15 +130,15 @@ async def test_jpeg_frames_decode_and_bad_input_gets_typed_errors(server):
         caps = (await _recv_json(ws, "session.created"))["capabilities"]
         meta, data = await _next_chunk(ws)
         frames = decode_jpeg_batch(data)
-        assert len(frames) == meta["frame_count"] == 5 and frames[0].shape == (
+        assert len(frames) == meta["frame_count"] == FIRST and frames[0].shape == (
             caps["height"],
             caps["width"],
             3,
         )
-        while meta["chunk_index"] < 2:  # 21 frames at 1 fps: now 2 blocks (16 s) ahead, the runner waits
+        while meta["chunk_index"] < 2:  # at 1 fps: now 2 blocks (seconds) ahead, the runner waits
             meta, data = await _next_chunk(ws)
-            assert len(decode_jpeg_batch(data)) == meta["frame_count"] == 8
-        with pytest.raises(TimeoutError):  # paced: block 3 waits ~5 s for the media clock
+            assert len(decode_jpeg_batch(data)) == meta["frame_count"] == LATER
+        with pytest.raises(TimeoutError):  # paced: block 3 waits seconds for the media clock
             await _recv_json(ws, "chunk.metadata", timeout=1.0)
         cases = [  # oversized frames close 1009: tests/realtime/test_message_limits.py
             ("{not json", "invalid_json"),
@@ -178,7 +183,7 @@ async def test_python_client_iterates_decoded_frames_and_sends_controls(server):
             chunks.append(chunk)
             if chunk.metadata["applied_event_ids"] == [sent] or len(chunks) > 20:
                 break
-        assert chunks[0].metadata["frame_count"] == len(chunks[0].frames) == 5
+        assert chunks[0].metadata["frame_count"] == len(chunks[0].frames) == FIRST
         assert chunks[-1].metadata["applied_event_ids"] == [sent]
         assert chunks[-1].frames[0].shape == (128, 128, 3)  # world-tiny: 128x128 frames
         assert [c.metadata["init_segment_bytes"] > 0 for c in chunks] == [True] + [False] * (len(chunks) - 1)
@@ -219,7 +224,7 @@ async def test_failed_tick_is_a_typed_error_then_nothing_until_reset(served):
         await ws.send(json.dumps({"type": "session.reset"}))
         await _recv_json(ws, "session.reset_done")
         meta, data = await _next_chunk(ws)
-        assert meta["chunk_index"] == 0 and len(decode_jpeg_batch(data)) == meta["frame_count"] == 5
+        assert meta["chunk_index"] == 0 and len(decode_jpeg_batch(data)) == meta["frame_count"] == FIRST
 
 
 async def test_sessions_and_slots_return_to_zero_after_every_kind_of_ending(served):
