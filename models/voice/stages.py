@@ -38,6 +38,17 @@ from models.stage import StageItem
 from models.voice.asr import Transcript, WhisperAsr
 from models.voice.audio import Resampler
 from models.voice.llm import ChatMessage, ChatUsage, TransformersChat
+from models.voice.tool_calls import (
+    FORCED_PREFIX,
+    CallArguments,
+    CallDone,
+    CallStarted,
+    ToolCallExtractor,
+    ToolEvent,
+    ToolSpec,
+    conform_arguments,
+    forced_choices,
+)
 from models.voice.tts import SAMPLE_RATE as TTS_RATE
 from models.voice.tts import ClauseSplitter, HibariTts, split_clauses
 from models.voice.vad import SAMPLE_RATE as VAD_RATE
@@ -146,6 +157,9 @@ class ChatRequest:
 
     ``speak`` False: text only (no clauses for the TTS). ``speed`` and ``sample_rate`` travel
     with every chunk to the TTS stage (the output format's rate: 24000 pcm16, 8000 G.711).
+    ``tools`` are offered in the prompt; ``forced_tools`` force one call of one of them: a
+    backend ends the prompt with ``prefill`` and constrains the reply to start with one of
+    ``choices`` (:class:`ReplyText` does the rest).
     """
 
     messages: tuple[ChatMessage, ...]
@@ -154,17 +168,31 @@ class ChatRequest:
     speak: bool = True
     speed: float = 1.0
     sample_rate: int = TTS_RATE
+    tools: tuple[ToolSpec, ...] = ()  # offered to the model (tool_choice "auto")
+    forced_tools: tuple[ToolSpec, ...] = ()  # non-empty: the reply is one call of one of these
+
+    @property
+    def prefill(self) -> str:
+        """What the prompt ends with (the reply continues it): the call opening when forced."""
+        return FORCED_PREFIX if self.forced_tools else ""
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """What the reply must start with (constrained decoding): a forced tool's name and head."""
+        return forced_choices(self.forced_tools)
 
 
 @dataclass(frozen=True, slots=True)
 class TextChunk:
-    """A piece of the reply (``text``) and the clauses it completed; ``usage`` on the last chunk."""
+    """A piece of the reply's speakable ``text``, the clauses it completed and the tool-call
+    events it made (``calls``; markup never reaches ``text``); ``usage`` on the last chunk."""
 
     text: str
     clauses: tuple[str, ...] = ()
     speed: float = 1.0
     sample_rate: int = TTS_RATE
     usage: ChatUsage | None = None
+    calls: tuple[ToolEvent, ...] = ()
 
 
 class LlmStage(Protocol):
@@ -200,30 +228,73 @@ class ReplyText:
     request does not ``speak`` or ``chunked`` is off); ``finish(usage)`` returns the last chunk
     with the remaining clauses (every clause of the reply when not chunked) and ``usage``. Not
     thread-safe: one reply, one caller.
+
+    Tool calls (``models/voice/tool_calls.py``): the pieces first go through a
+    :class:`ToolCallExtractor`, so only speakable text reaches the chunks' ``text`` and clauses,
+    and the calls become the chunks' ``calls``. Calls naming a tool the request did not offer
+    are dropped. A forced reply (``request.forced_tools``) starts inside the call (the backend
+    prefilled :data:`FORCED_PREFIX`); its arguments are conformed to the tool's schema
+    (:func:`conform_arguments`) and sent as one delta when the call is done, and ``complete``
+    turns True then: the backend should stop generating.
     """
 
     def __init__(self, request: ChatRequest, *, chunked: bool, first_clause_words: int = 0) -> None:
         self.request = request
         self.chunked = chunked
+        self.complete = False
         self._splitter = ClauseSplitter(first_clause_words=first_clause_words)
-        self._pieces: list[str] = []
+        self._spoken: list[str] = []
+        self._tools = {t.name: t for t in (*request.tools, *request.forced_tools)}
+        self._dropped: set[int] = set()
+        self._extractor = ToolCallExtractor()
+        if request.forced_tools:
+            self._extractor.push(request.prefill)
 
     def push(self, piece: str) -> TextChunk:
-        self._pieces.append(piece)
-        clauses = self._splitter.push(piece) if self.request.speak and self.chunked else []
-        return self._chunk(piece, clauses)
+        text, events = self._extractor.push(piece)
+        return self._chunk(text, self._clauses(text), self._calls(events))
 
     def finish(self, usage: ChatUsage) -> TextChunk:
+        text, events = self._extractor.finish()
+        self._spoken.append(text)
         if not self.request.speak:
             rest: list[str] = []
         elif self.chunked:
-            rest = self._splitter.flush()
+            rest = self._splitter.push(text) + self._splitter.flush()
         else:
-            rest = list(split_clauses(self._pieces))
-        return self._chunk("", rest, usage)
+            rest = list(split_clauses(self._spoken))
+        return self._chunk(text, rest, self._calls(events), usage)
 
-    def _chunk(self, text: str, clauses: list[str], usage: ChatUsage | None = None) -> TextChunk:
-        return TextChunk(text, tuple(clauses), self.request.speed, self.request.sample_rate, usage)
+    def _clauses(self, text: str) -> list[str]:
+        self._spoken.append(text)
+        return self._splitter.push(text) if self.request.speak and self.chunked and text else []
+
+    def _calls(self, events: list[ToolEvent]) -> tuple[ToolEvent, ...]:
+        out: list[ToolEvent] = []
+        forced = bool(self.request.forced_tools)
+        for event in events:
+            if isinstance(event, CallStarted) and event.name not in self._tools:
+                self._dropped.add(event.index)
+            if event.index in self._dropped or (forced and isinstance(event, CallArguments)):
+                continue
+            if forced and isinstance(event, CallDone):
+                parameters = self._tools[event.name].parameters
+                arguments = conform_arguments(event.arguments, parameters)
+                out += [CallArguments(event.index, arguments), CallDone(event.index, event.name, arguments)]
+                self.complete = True
+                continue
+            out.append(event)
+        return tuple(out)
+
+    def _chunk(
+        self,
+        text: str,
+        clauses: list[str],
+        calls: tuple[ToolEvent, ...] = (),
+        usage: ChatUsage | None = None,
+    ) -> TextChunk:
+        request = self.request
+        return TextChunk(text, tuple(clauses), request.speed, request.sample_rate, usage, calls)
 
 
 _END = object()
@@ -319,10 +390,16 @@ class TransformersLlmStage:
                 max_new_tokens=request.max_new_tokens,
                 temperature=request.temperature,
                 should_stop=stop.is_set,
+                tools=request.tools,
+                prefill=request.prefill,
+                choices=request.choices,
             )
             reply = ReplyText(request, chunked=self.chunked, first_clause_words=self.first_clause_words)
             for piece in pieces:
                 put(reply.push(piece))
+                if reply.complete:
+                    pieces.close()  # a forced call is done: nothing after it is wanted
+                    break
             if stop.is_set():
                 return
             put(reply.finish(self.chat.last_usage(session_id)))
@@ -344,6 +421,7 @@ class SpeechChunk:
     audio: np.ndarray = field(repr=False)
     sample_rate: int = TTS_RATE
     usage: ChatUsage | None = None
+    calls: tuple[ToolEvent, ...] = ()
 
 
 class TtsStage:
@@ -364,4 +442,4 @@ class TtsStage:
             audio = np.concatenate([self.tts.synthesize(c, speed=chunk.speed) for c in chunk.clauses])
             if chunk.sample_rate != self.tts.sample_rate:
                 audio = soxr.resample(audio, self.tts.sample_rate, chunk.sample_rate).astype(np.float32)
-        return SpeechChunk(chunk.text, audio, chunk.sample_rate, chunk.usage)
+        return SpeechChunk(chunk.text, audio, chunk.sample_rate, chunk.usage, chunk.calls)
