@@ -211,6 +211,34 @@ class VoiceConfig:
 
 
 @dataclass(frozen=True)
+class DuplexConfig:
+    """Full-duplex voice sessions (``/v1/duplex``, ``/v1/realtime?mode=duplex``): one frame-clocked
+    speech model steps every session together each 80 ms (docs/protocols/duplex.md)."""
+
+    enabled: bool = False
+    model: Literal["duplex-small", "duplex-test", "moshi-test"] = "duplex-small"
+    device: str = "cpu"
+    seed: int = 0
+    torch_threads: NonNegativeInt = 1
+    idle_timeout_s: NonNegativeFloat = 300.0
+    max_lifetime_s: NonNegativeFloat = 3600.0
+    max_sessions: PositiveInt = 16
+    max_message_bytes: PositiveInt = 1024 * 1024
+    max_input_queue_ms: Annotated[int, _in_range(80, 60_000)] = 2000
+    resume_grace_s: NonNegativeFloat = 30.0  # 0: no resume (a dropped socket ends the session)
+    journal_max_events: PositiveInt = 4096
+    journal_max_bytes: PositiveInt = 8 * 1024 * 1024
+    barge_in_rms: PositiveFloat = 0.02
+    barge_in_ms: Annotated[int, _in_range(80, 5000)] = 160
+    playback_commit_policy: Literal["ack_only", "commit_all_on_done"] = "ack_only"
+    max_history_items: PositiveInt = 256
+    compute_admission: bool = True
+    compute_utilisation: Fraction = 0.9
+    opus: bool = True
+    opus_bitrate: Annotated[int, _in_range(6000, 510_000)] = 24_000
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -218,10 +246,13 @@ class DeployConfig:
     world: WorldConfig = field(default_factory=WorldConfig)
     echo: EchoConfig = field(default_factory=EchoConfig)
     voice: VoiceConfig = field(default_factory=VoiceConfig)
+    duplex: DuplexConfig = field(default_factory=DuplexConfig)
 
     def enabled_kinds(self) -> list[str]:
         """Names of the session kinds this deployment serves, in a stable order."""
-        return [name for name in ("robot", "world", "echo", "voice") if getattr(self, name).enabled]
+        # duplex before voice: its /v1/realtime route takes only ``mode=duplex`` and must be tried first
+        kinds = ("robot", "world", "echo", "duplex", "voice")
+        return [name for name in kinds if getattr(self, name).enabled]
 
 
 def default_config_path() -> Path:

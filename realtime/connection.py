@@ -44,7 +44,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from realtime.connections import TRANSPORT_EXTENSION
 from realtime.logs import log_internal_error
 from realtime.ws import CloseCode, close_quietly
-from sessions.log_context import session_context
+from sessions.log_context import current_session_id
 from sessions.manager import SessionManager
 from sessions.runner import SessionRunner
 from sessions.session import Session
@@ -234,19 +234,11 @@ class Outbound:
         else:
             await self.ws.send_bytes(frame)
 
-    @contextlib.contextmanager
-    def _bounded(self):
+    def _bounded(self) -> _HeldUp:
         """Marks a send (or a wait for room) as held up by the client while it lasts; the
         connection's watchdog ends a connection whose send is held up over ``send_wait_s``
         (a timestamp per send, not a timer: this is on the robot's hot path)."""
-        if self.blocked_since is not None:  # nested (a write inside a wait): the outer one counts
-            yield
-            return
-        self.blocked_since = time.monotonic()
-        try:
-            yield
-        finally:
-            self.blocked_since = None
+        return _HeldUp(self)
 
     async def _put(self, item: _Out) -> None:
         if len(self._items) >= self.max_items:
@@ -274,6 +266,27 @@ class Outbound:
     def _settle(self) -> None:
         if not self._items and not self._writing:
             self._empty.set()
+
+
+class _HeldUp:
+    """``Outbound._bounded``'s context manager: the outermost one (a write inside a wait for room
+    is nested) stamps ``blocked_since`` and clears it. A plain class: a ``contextlib`` generator
+    costs a few µs per send, and every robot reply is a send."""
+
+    __slots__ = ("outbound", "outer")
+
+    def __init__(self, outbound: Outbound) -> None:
+        self.outbound = outbound
+        self.outer = False
+
+    def __enter__(self) -> None:
+        if self.outbound.blocked_since is None:
+            self.outer = True
+            self.outbound.blocked_since = time.monotonic()
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.outer:
+            self.outbound.blocked_since = None
 
 
 def _discard(deferred: Awaitable[Any] | None) -> None:
@@ -333,11 +346,15 @@ class Connection:
     # -- what handlers call ---------------------------------------------------------------
     async def create_session(self) -> Session:
         """Admit the connection's session (raises ``SessionError``: capacity, shutdown)."""
-        self.session = await self.manager.create()
-        watcher = asyncio.create_task(self._watch(self.session), name=f"{self.kind}-session-end")
+        return self.adopt(await self.manager.create())
+
+    def adopt(self, session: Session) -> Session:
+        """Make ``session`` this connection's: a new one, or one that outlived its socket (resume)."""
+        self.session = session
+        watcher = asyncio.create_task(self._watch(session), name=f"{self.kind}-session-end")
         self._children.add(watcher)
         watcher.add_done_callback(self._children.discard)
-        return self.session
+        return session
 
     async def send(self, *frames: Frame, epoch: int | None = None) -> None:
         """Queue frames for the client (see :class:`Outbound`)."""
@@ -400,10 +417,16 @@ class Connection:
                     await self._runner.cancel()
         finally:
             # Release at once (the session cuts a tick still unwinding), then let the tasks end.
-            if self.session is not None:
+            if self.session is not None and not self._kept():
                 await self.manager.disconnect(self.session.session_id)
             await asyncio.gather(*tasks, *self._children, return_exceptions=True)
         await self._finish()
+
+    def _kept(self) -> bool:
+        """A kind whose sessions outlive their socket (duplex resume) keeps the session when its
+        handler's optional ``keep_session(conn, close)`` says so; the kind then releases it."""
+        keep = getattr(self.handler, "keep_session", None)
+        return keep is not None and bool(keep(self, self._close or Close("disconnect")))
 
     async def _read(self) -> None:
         handler = self.handler
@@ -429,11 +452,12 @@ class Connection:
         if self._ended.is_set():
             return
         try:
-            if self.session is not None:
-                with session_context(self.session.session_id):
-                    await self.handler.handle(self, item)
-            else:
-                await self.handler.handle(self, item)
+            session = self.session
+            if session is not None and current_session_id.get() != session.session_id:
+                # Log lines carry the session id. Set once in the handling task's own context (it
+                # lives as long as the connection), not entered and left on every item.
+                current_session_id.set(session.session_id)
+            await self.handler.handle(self, item)
         except SlowConsumerError as exc:
             self.end(exc.reason)
         except (WebSocketDisconnect, OSError):  # a direct send to a client that went away

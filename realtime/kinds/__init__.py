@@ -14,6 +14,7 @@ KIND_FACTORIES: dict[str, str] = {
     "world": "realtime.kinds.world:build_world_service",
     "echo": "realtime.kinds.echo:build_echo_service",
     "voice": "realtime.kinds.voice:build_voice_service",
+    "duplex": "realtime.kinds.duplex:build_duplex_service",
 }
 
 

@@ -1,0 +1,265 @@
+"""One duplex session's state, which outlives its sockets: the input frames, the protocol state
+machines (``Turns``, ``Journal``), the epoch, and the socket it is attached to, if any.
+
+Ownership (architecture invariant 2): every method here is synchronous and runs on the event
+loop, called either from the attached connection's runner (client commands) or from the frame
+clock's callbacks (:meth:`DuplexSession.next_input`, :meth:`DuplexSession.on_step`, which run
+on the loop between forwards). None awaits, so each call is one atomic step of the session,
+attached or not; output is *queued* here (:class:`Attachment`) and written by the attached
+connection's runner in order (``_Flush`` items), so a client that does not read delays only its
+own runner, never the clock.
+
+Every server event is rendered once with the next ``server_event_seq`` and the current ``epoch``
+and kept in the journal; while a socket is attached it is also queued for that socket. Audio and
+transcript deltas are queued with their epoch, so the connection's writer drops them once a
+barge-in bumped it; everything else is queued without one (never dropped).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from models.duplex.stage import FRAME_SAMPLES, DuplexInput, DuplexOutput
+from realtime.connection import Connection
+from realtime.protocols.duplex.codec import DuplexCodec
+from realtime.protocols.duplex.journal import Journal
+from realtime.protocols.duplex.opus import OggOpusEncoder
+from realtime.protocols.duplex.turns import ModelStep, Turns
+from realtime.protocols.oai_realtime import server_events as ev
+from sessions.session import Session
+
+_DELTAS = (ev.AudioDelta, ev.TranscriptDelta)
+_RESPONSE_ENDS = (ev.ResponseDone,)
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+class InputFrames:
+    """The client's audio cut into model frames: bounded, oldest first. A partial frame waits
+    for the rest of its samples; what does not fit ``max_frames`` is refused (counted)."""
+
+    def __init__(self, max_frames: int) -> None:
+        self.max_frames = max_frames
+        self._frames: deque[np.ndarray] = deque()
+        self._partial = np.zeros(0, np.float32)
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def push(self, samples: np.ndarray) -> tuple[list[np.ndarray], int]:
+        """Queue ``samples``; returns the complete frames queued and the samples refused."""
+        data = np.concatenate([self._partial, samples]) if self._partial.size else samples
+        whole = data.shape[0] // FRAME_SAMPLES
+        room = self.max_frames - len(self._frames)
+        taken = min(whole, room)
+        frames = [data[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES] for i in range(taken)]
+        self._frames.extend(frames)
+        refused = (whole - taken) * FRAME_SAMPLES
+        self._partial = data[whole * FRAME_SAMPLES :].copy() if taken == whole else np.zeros(0, np.float32)
+        return frames, refused
+
+    def pop(self) -> np.ndarray | None:
+        return self._frames.popleft() if self._frames else None
+
+    def clear(self) -> int:
+        dropped = len(self._frames)
+        self._frames.clear()
+        self._partial = np.zeros(0, np.float32)
+        return dropped
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """One frame queued for a socket: a text frame, or binary audio still being encoded."""
+
+    frame: str | None
+    encoded: Future | None  # concurrent.futures.Future[bytes] on the media executor
+    epoch: int | None  # None: never dropped by an epoch bump
+
+
+@dataclass(eq=False)
+class Attachment:
+    """One socket of the session: what is queued for it, and whether a flush is already posted."""
+
+    conn: Connection
+    opus: bool
+    pending: deque[Pending] = field(default_factory=deque)
+    flush_posted: bool = False
+    encoder: LazyEncoder | None = None  # the open response's Ogg stream (Opus output)
+
+
+@dataclass(frozen=True)
+class Flush:
+    """Runner item: write what the session queued for this socket."""
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    """A model step's typed error (a ``DuplexError``), carried to ``on_step`` as an output."""
+
+    error: Exception
+
+
+class DuplexSession:
+    def __init__(
+        self,
+        session: Session,
+        *,
+        codec: DuplexCodec,
+        turns: Turns,
+        journal: Journal,
+        max_input_frames: int,
+        silence: Callable[[], DuplexInput],
+        media: Executor,
+        opus_bitrate: int,
+        on_failed: Callable[[DuplexSession, Exception], None],
+        on_frame: Callable[[bool], None],
+    ) -> None:
+        self.session = session
+        self.session_id = session.session_id
+        self.codec = codec
+        self.turns = turns
+        self.journal = journal
+        self.frames = InputFrames(max_input_frames)
+        self.resume_token = new_token()
+        self.epoch = 0
+        self.step = 0  # the model's last step index
+        self.attachment: Attachment | None = None
+        self.detached_at: float | None = None
+        self.grace_timer: Any = None  # asyncio.TimerHandle while detached
+        self.client_frames = 0
+        self.silent_frames = 0
+        self._silence = silence
+        self._media = media
+        self._opus_bitrate = opus_bitrate
+        self._on_failed = on_failed
+        self._on_frame = on_frame
+
+    # -- the frame clock's side -----------------------------------------------------------
+    def next_input(self) -> DuplexInput:
+        """The next frame the clock steps this session on: the client's, else silence (counted)."""
+        pcm = self.frames.pop()
+        self._on_frame(pcm is None)
+        if pcm is None:
+            self.silent_frames += 1
+            return self._silence()
+        self.client_frames += 1
+        return DuplexInput(pcm)
+
+    def on_step(self, out: DuplexOutput | StepFailed) -> None:
+        if isinstance(out, StepFailed):
+            self._on_failed(self, out.error)
+            return
+        self.step = out.step
+        speaks = out.speaking and not self.turns.muted
+        opus = self.attachment is not None and self.attachment.opus
+        audio = b"" if not speaks or opus else _pcm16(out.pcm)
+        events = self.turns.step(ModelStep(out.step, out.speaking, out.text, audio))
+        self.emit(events, pcm=out.pcm if speaks else None)
+
+    # -- output ---------------------------------------------------------------------------
+    def emit(self, events: Sequence[ev.ServerEvent], *, pcm: np.ndarray | None = None) -> None:
+        """Journal every event under the next seq; queue it for the attached socket, if any."""
+        att = self.attachment
+        for event in events:
+            delta = isinstance(event, _DELTAS)
+            if isinstance(event, ev.AudioDelta) and att is not None and att.opus:
+                self._queue_opus(att, pcm)
+                continue
+            frame = self.codec.frame(event, epoch=self.epoch, seq=self.journal.next_seq())
+            if frame is None:
+                continue
+            self.journal.record(frame, self.epoch, delta=delta)
+            if att is not None:
+                att.pending.append(Pending(frame, None, self.epoch if delta else None))
+            if isinstance(event, _RESPONSE_ENDS) and att is not None and att.encoder is not None:
+                self._end_opus(att)
+        self._post_flush()
+
+    def send_only(self, event: ev.ServerEvent) -> None:
+        """Queue ``event`` for the attached socket alone (not journaled; it carries the last seq)."""
+        if self.attachment is not None:
+            frame = self.codec.frame(event, epoch=self.epoch, seq=self.journal.last_seq)
+            if frame is not None:
+                self.attachment.pending.append(Pending(frame, None, None))
+                self._post_flush()
+
+    def _queue_opus(self, att: Attachment, pcm: np.ndarray | None) -> None:
+        """The frame's audio as Ogg/Opus bytes, encoded on the media thread (in order: one worker)."""
+        if pcm is None:
+            return
+        if att.encoder is None:
+            att.encoder = LazyEncoder(self._opus_bitrate)
+        att.pending.append(Pending(None, self._media.submit(att.encoder.encode, pcm), self.epoch))
+
+    def _end_opus(self, att: Attachment) -> None:
+        encoder, att.encoder = att.encoder, None
+        assert encoder is not None
+        att.pending.append(Pending(None, self._media.submit(encoder.close), self.epoch))
+
+    def _post_flush(self) -> None:
+        att = self.attachment
+        if att is not None and att.pending and not att.flush_posted:
+            att.flush_posted = True
+            att.conn.post(Flush())
+
+    def take_pending(self, conn: Connection) -> list[Pending]:
+        """What is queued for ``conn`` (empty if it is no longer attached)."""
+        att = self.attachment
+        if att is None or att.conn is not conn:
+            return []
+        att.flush_posted = False
+        items = list(att.pending)
+        att.pending.clear()
+        return items
+
+    # -- epochs and attachment ------------------------------------------------------------
+    def bump_epoch(self) -> int:
+        """A barge-in or cancel: queued deltas of the old epoch are never sent, nor replayed."""
+        self.epoch += 1
+        self.journal.drop_stale(self.epoch)
+        att = self.attachment
+        if att is not None:
+            att.conn.epoch = self.epoch
+            att.pending = deque(p for p in att.pending if p.epoch is None or p.epoch >= self.epoch)
+            att.encoder = None  # the interrupted response's Ogg stream ends unfinished
+        return self.epoch
+
+    def attach(self, conn: Connection, *, opus: bool) -> Attachment:
+        self.attachment = Attachment(conn, opus)
+        conn.epoch = self.epoch
+        self.detached_at = None
+        return self.attachment
+
+    def detach(self) -> None:
+        self.attachment = None
+
+
+class LazyEncoder:
+    """An Ogg/Opus stream created on the media thread at its first frame (setup costs ms). Its
+    encodes are submitted to a one-worker executor at once, so they run in order."""
+
+    def __init__(self, bitrate: int) -> None:
+        self.bitrate = bitrate
+        self._encoder: OggOpusEncoder | None = None
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        if self._encoder is None:
+            self._encoder = OggOpusEncoder(self.bitrate)
+        return self._encoder.encode(pcm)
+
+    def close(self) -> bytes:
+        return self._encoder.close() if self._encoder is not None else b""
+
+
+def _pcm16(pcm: np.ndarray) -> bytes:
+    return (np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()

@@ -1,0 +1,70 @@
+"""The replay journal of one duplex session: every server event, by ``server_event_seq``, bounded.
+
+Contract:
+
+- :meth:`Journal.record` gives the next seq (from 1, strictly increasing, never reused) to an
+  event's frame and keeps it. At most ``max_events`` entries and ``max_bytes`` of frames are
+  kept; the oldest go first. An entry alone larger than ``max_bytes`` is sent but not kept.
+- :meth:`Journal.after` is the replay of a resume: every kept entry with a seq above the client's
+  cursor, in order, and whether some were lost to the bounds (a gap: the client must resync).
+- :meth:`Journal.drop_stale` forgets the audio and transcript deltas of epochs before a barge-in,
+  so a replay never sends audio of an interrupted response (the live socket drops them too).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    seq: int
+    epoch: int
+    frame: str
+    delta: bool  # an audio or transcript delta: dropped once its epoch is superseded
+
+
+class Journal:
+    def __init__(self, max_events: int, max_bytes: int) -> None:
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self._entries: deque[Entry] = deque()
+        self._bytes = 0
+        self._last_seq = 0
+        self._trimmed_to = 0  # the highest seq lost to the bounds (0: none)
+
+    @property
+    def last_seq(self) -> int:
+        return self._last_seq
+
+    def next_seq(self) -> int:
+        return self._last_seq + 1
+
+    def record(self, frame: str, epoch: int, *, delta: bool) -> Entry:
+        """Keep ``frame`` under the next seq (the frame must already carry it: see ``next_seq``)."""
+        self._last_seq += 1
+        entry = Entry(self._last_seq, epoch, frame, delta)
+        self._entries.append(entry)
+        self._bytes += len(frame)
+        while self._entries and (len(self._entries) > self.max_events or self._bytes > self.max_bytes):
+            old = self._entries.popleft()
+            self._bytes -= len(old.frame)
+            self._trimmed_to = old.seq
+        return entry
+
+    def after(self, cursor: int) -> tuple[list[Entry], bool]:
+        """Entries with ``seq > cursor``, and True when some of them are no longer kept."""
+        return [e for e in self._entries if e.seq > cursor], cursor < self._trimmed_to
+
+    def first_available(self) -> int:
+        return self._entries[0].seq if self._entries else self._last_seq + 1
+
+    def drop_stale(self, epoch: int) -> int:
+        """Forget the deltas of epochs below ``epoch``; returns how many."""
+        kept = deque(e for e in self._entries if not (e.delta and e.epoch < epoch))
+        dropped = len(self._entries) - len(kept)
+        if dropped:
+            self._entries = kept
+            self._bytes = sum(len(e.frame) for e in kept)
+        return dropped
