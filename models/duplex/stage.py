@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,12 +43,14 @@ __all__ = [
     "FRAME_MS",
     "FRAME_SAMPLES",
     "SAMPLE_RATE",
+    "SILENCE",
     "ContextExhausted",
     "DuplexError",
     "DuplexInput",
     "DuplexInputError",
     "DuplexOutput",
     "DuplexStage",
+    "DuplexStepFailed",
     "build_duplex_stage",
     "measure_step_seconds",
 ]
@@ -64,6 +66,13 @@ class DuplexInputError(DuplexError):
     """The input frame is not ``float32 (FRAME_SAMPLES,)`` of finite samples."""
 
     code = "invalid_audio_frame"
+
+
+class DuplexStepFailed(DuplexError):
+    """The model's step failed for this session (adapters whose state cannot be rolled back
+    reset the session's row and return this instead of raising)."""
+
+    code = "duplex_step_failed"
 
 
 class ContextExhausted(DuplexError):
@@ -91,8 +100,9 @@ class DuplexOutput:
     rolled: bool = False  # the KV rolled (sink + window) at this step
 
 
-_SILENCE = np.zeros(FRAME_SAMPLES, dtype=np.float32)
-_SILENCE.flags.writeable = False
+_ZEROS = np.zeros(FRAME_SAMPLES, dtype=np.float32)
+_ZEROS.flags.writeable = False
+SILENCE = DuplexInput(_ZEROS, silent=True)  # the frame a session with no input steps on (read-only)
 
 
 def check_frame(pcm: Any) -> DuplexInputError | None:
@@ -104,6 +114,23 @@ def check_frame(pcm: Any) -> DuplexInputError | None:
     if not np.isfinite(pcm).all():
         return DuplexInputError("audio frame holds non-finite samples")
     return None
+
+
+def step_ready(
+    items: Sequence[StageItem],
+    exhausted: Callable[[int], ContextExhausted | None],
+    step: Callable[[Sequence[StageItem]], list[DuplexOutput | Exception]],
+) -> list[DuplexOutput | Exception]:
+    """The forward skeleton both duplex stages share: items with a bad frame or an exhausted
+    context (``exhausted(slot)``) get their typed error; the rest run in one ``step``."""
+    results: list[DuplexOutput | Exception | None] = []
+    for item in items:
+        results.append(check_frame(getattr(item.payload, "pcm", None)) or exhausted(item.slot))  # type: ignore[arg-type]
+    ready = [i for i, r in enumerate(results) if r is None]
+    if ready:
+        for i, out in zip(ready, step([items[i] for i in ready]), strict=True):
+            results[i] = out
+    return results  # type: ignore[return-value]  # every None was filled by step
 
 
 class DuplexStage:
@@ -153,7 +180,7 @@ class DuplexStage:
         return self.kv.geometry.bytes_per_session + self.codec_state.bytes_per_slot + tokens
 
     def silence(self) -> DuplexInput:
-        return DuplexInput(_SILENCE, silent=True)
+        return SILENCE
 
     def open_state(self, session_id: str, slot: int) -> str:
         """A fresh stream in ``slot``: empty KV, zero codec buffers, start tokens, step 0; the
@@ -170,22 +197,15 @@ class DuplexStage:
         self.steps[slot] = 0  # the row's content is dead; open_state clears it for the next user
 
     def forward(self, items: Sequence[StageItem]) -> list[DuplexOutput | Exception]:
-        cfg = self.config
-        results: list[DuplexOutput | Exception | None] = []
-        ready: list[int] = []
-        for i, item in enumerate(items):
-            bad = check_frame(getattr(item.payload, "pcm", None))
-            if bad is None and cfg.context_policy == "end" and self.steps[item.slot] >= cfg.context:
-                bad = ContextExhausted(cfg.context)
-            results.append(bad)
-            if bad is None:
-                ready.append(i)
-        if ready:
-            for i, out in zip(ready, self._step([items[i] for i in ready]), strict=True):
-                results[i] = out
-        return results  # type: ignore[return-value]  # every None was filled by _step
+        return step_ready(items, self._exhausted, self._step)
 
-    def _step(self, items: Sequence[StageItem]) -> list[DuplexOutput]:
+    def _exhausted(self, slot: int) -> ContextExhausted | None:
+        cfg = self.config
+        if cfg.context_policy == "end" and self.steps[slot] >= cfg.context:
+            return ContextExhausted(cfg.context)
+        return None
+
+    def _step(self, items: Sequence[StageItem]) -> list[DuplexOutput | Exception]:
         """One batched frame: encode inputs, temporal + depth step, decode outputs, then commit."""
         slot_list = [item.slot for item in items]
         steps = self.steps[slot_list]
