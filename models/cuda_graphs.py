@@ -3,8 +3,9 @@
 A forward whose inputs are tensors with a leading batch dimension (and otherwise fixed shapes)
 is launch-bound at small batches on a fast GPU: pi0's 10 flow steps over 18 expert layers are
 hundreds of small kernels. :class:`BatchGraphs` captures ``fn(*inputs)`` once per bucket size
-(the powers of two up to ``max_batch``) into static input/output buffers sharing one memory
-pool, and serves a batch of ``n`` by padding it to the next bucket (repeating its last row: rows
+(the powers of two up to ``max_batch``) and per input shape (the non-batch dimensions: e.g. the
+number of cameras a batch carries) into static input/output buffers sharing one memory pool, and
+serves a batch of ``n`` by padding it to the next bucket (repeating its last row: rows
 are independent in the forwards this is used for), copying the inputs in, replaying the graph and
 slicing the first ``n`` rows out.
 
@@ -46,7 +47,7 @@ class BatchGraphs:
         self.fn = fn
         self.sizes = buckets(max_batch)
         self.warmup_iters = warmup_iters
-        self._graphs: dict[int, _Graph] = {}
+        self._graphs: dict[tuple[int, tuple[tuple[int, ...], ...]], _Graph] = {}
         self._pool = None
 
     @property
@@ -54,19 +55,22 @@ class BatchGraphs:
         return self.sizes[-1]
 
     def capture(self, example: Sequence[torch.Tensor]) -> None:
-        """Capture every bucket from one example batch (any batch size; rows are repeated)."""
+        """Capture every bucket for the shapes of one example batch (any batch size; rows are
+        repeated). Shapes never captured are captured on first use (a one-off stall)."""
         for size in self.sizes:
-            if size not in self._graphs:
-                self._graphs[size] = self._capture(tuple(_pad(t, size) for t in example))
+            key = _key(size, example)
+            if key not in self._graphs:
+                self._graphs[key] = self._capture(tuple(_pad(t, size) for t in example))
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         n = inputs[0].shape[0]
         size = next((s for s in self.sizes if s >= n), None)
         if size is None:
             raise ValueError(f"batch of {n} exceeds the captured maximum {self.max_batch}")
-        entry = self._graphs.get(size)
+        key = _key(size, inputs)
+        entry = self._graphs.get(key)
         if entry is None:
-            entry = self._graphs[size] = self._capture(tuple(_pad(t, size) for t in inputs))
+            entry = self._graphs[key] = self._capture(tuple(_pad(t, size) for t in inputs))
         for static, given in zip(entry.inputs, inputs, strict=True):
             static[:n].copy_(given, non_blocking=True)
             if n < size:
@@ -88,6 +92,10 @@ class BatchGraphs:
         with torch.cuda.graph(graph, pool=self._pool):
             output = self.fn(*static)
         return _Graph(graph, static, output)
+
+
+def _key(size: int, inputs: Sequence[torch.Tensor]) -> tuple[int, tuple[tuple[int, ...], ...]]:
+    return size, tuple(tuple(t.shape[1:]) for t in inputs)
 
 
 def _pad(tensor: torch.Tensor, size: int) -> torch.Tensor:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -424,16 +424,24 @@ class Pi0TinyPolicy:
 
     def collate(self, batch: Sequence[Pi0Input]) -> Pi0Batch:
         """Stack a batch into model tensors: images stay uint8 (the model pools, then scales them);
-        missing cameras are black (-1 once scaled) and masked; state zero-padded or truncated."""
+        missing cameras are black (-1 once scaled) and masked; state zero-padded or truncated.
+
+        Camera slots after the last one any item of the batch fills are left out altogether (a
+        LIBERO batch carries 2 of the 3): masked tokens are never attended to, so computing them
+        only costs time (a third of pi0's prefix for two-camera robots)."""
         c = self.config
-        B, C, R = len(batch), c.max_cameras, c.image_size
+        B, R = len(batch), c.image_size
+        C = max(
+            (j + 1 for item in batch for j, im in enumerate(item.observation.images) if im is not None),
+            default=1,
+        )
         pixels = np.zeros((B, C, R, R, 3), np.uint8)
         image_mask = torch.zeros(B, C, dtype=torch.bool)
         tokens = torch.full((B, c.prompt_len), PAD_ID, dtype=torch.long)
         state = torch.zeros(B, c.state_dim)
         for i, item in enumerate(batch):
             obs = item.observation
-            for j, image in enumerate(obs.images):
+            for j, image in enumerate(obs.images[:C]):
                 if image is not None:
                     pixels[i, j] = image if image.shape[:2] == (R, R) else resize_with_pad(image, R)
                     image_mask[i, j] = True
@@ -451,10 +459,15 @@ class Pi0TinyPolicy:
             np.zeros(c.state_dim, np.float32),
             "",
         )
-        if self._use_graphs:
+        if self._use_graphs:  # every bucket, for every number of camera slots a batch may carry
             self.graphs = BatchGraphs(self._forward, max_batch)
-            with torch.no_grad():
-                self.graphs.capture(self.collate([Pi0Input(blank, None)]).as_args(self.model.noise.device))
+            image = blank.images[0]
+            for cameras in range(1, c.max_cameras + 1):
+                example = replace(blank, images=(None,) * (cameras - 1) + (image,))
+                with torch.no_grad():
+                    self.graphs.capture(
+                        self.collate([Pi0Input(example, None)]).as_args(self.model.noise.device)
+                    )
         for n in sorted({1, max_batch}):
             self.infer([Pi0Input(blank, None)] * n, [None] * n)
 

@@ -196,9 +196,19 @@ def test_bad_observations_raise_observation_error(policy, obs, match):
 
 def test_missing_optional_cameras_are_masked_and_images_resized(policy):
     batch = policy.collate([policy.prepare(pi0_obs())])
-    assert batch.image_mask.tolist() == [[True, True, False]]
-    assert batch.images.shape == (1, 3, 224, 224, 3) and batch.images.dtype == torch.uint8
-    assert (batch.images[0, 2] == 0).all()
+    # a trailing camera no item of the batch has is left out (its tokens would all be masked)
+    assert batch.image_mask.tolist() == [[True, True]]
+    assert batch.images.shape == (1, 2, 224, 224, 3) and batch.images.dtype == torch.uint8
+    third = np.full((224, 224, 3), 7, np.uint8)
+    full = {**pi0_obs(), "observation.images.right_wrist_0_rgb": third}
+    mixed = policy.collate([policy.prepare(pi0_obs()), policy.prepare(full)])
+    assert mixed.image_mask.tolist() == [[True, True, False], [True, True, True]]
+    assert (mixed.images[0, 2] == 0).all() and (mixed.images[1, 2] == 7).all()
+    alone, together = (
+        policy.infer([policy.prepare(pi0_obs())], [None])[0],
+        policy.infer([policy.prepare(pi0_obs()), policy.prepare(full)], [None, None])[0],
+    )
+    np.testing.assert_allclose(alone, together, rtol=1e-4, atol=1e-5)  # the masked camera changes nothing
     assert (batch.images[0, 1, :28] == 0).all() and batch.images[0, 1, 28:196].float().std() > 10
     # 240x320 -> 168x224, padded black top and bottom
     assert batch.token_mask.sum() == len("pick up the red block")
