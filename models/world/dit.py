@@ -47,17 +47,28 @@ def block_causal_mask(
     return same_block | visible
 
 
-def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """Rotate ``x [B, N, H, D]`` by the frame index of each token ``positions [B, N]``.
+def rope_angles(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin ``[B, N, 1, head_dim / 2]`` of the rotation for the frame index of each token
+    ``positions [B, N]``, computed once per forward (every layer rotates by the same angles).
 
     Angles are computed in float64 from the integer positions, so any position (no table horizon)
     gives the same values in the cached and the recompute path.
     """
-    half = x.shape[-1] // 2
-    freqs = theta ** (-torch.arange(half, dtype=torch.float64, device=x.device) / half)
+    half = head_dim // 2
+    freqs = theta ** (-torch.arange(half, dtype=torch.float64, device=positions.device) / half)
     angles = positions.to(torch.float64)[..., None] * freqs  # [B, N, half]
-    cos = angles.cos().to(x.dtype)[:, :, None, :]
-    sin = angles.sin().to(x.dtype)[:, :, None, :]
+    return angles.cos().to(dtype)[:, :, None, :], angles.sin().to(dtype)[:, :, None, :]
+
+
+def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotate ``x [B, N, H, D]`` by the frame index of each token ``positions [B, N]``."""
+    return apply_rope(x, rope_angles(positions, x.shape[-1], theta, x.dtype))
+
+
+def apply_rope(x: Tensor, angles: tuple[Tensor, Tensor]) -> Tensor:
+    """Rotate ``x [B, N, H, D]`` by precomputed :func:`rope_angles`."""
+    cos, sin = angles
+    half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -83,17 +94,19 @@ class RMSNorm(nn.Module):
 class SelfAttention(nn.Module):
     def __init__(self, cfg: WorldModelConfig) -> None:
         super().__init__()
-        self.heads, self.theta = cfg.heads, cfg.rope_theta
+        self.heads = cfg.heads
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
         self.q_norm = RMSNorm(cfg.head_dim)
         self.k_norm = RMSNorm(cfg.head_dim)
         self.out = nn.Linear(cfg.dim, cfg.dim)
 
-    def forward(self, x: Tensor, positions: Tensor, mask: Tensor, past: KV | None) -> tuple[Tensor, KV]:
+    def forward(
+        self, x: Tensor, angles: tuple[Tensor, Tensor], mask: Tensor | None, past: KV | None
+    ) -> tuple[Tensor, KV]:
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).unbind(2)
-        q = rope(self.q_norm(q), positions, self.theta)
-        k = rope(self.k_norm(k), positions, self.theta)
+        q = apply_rope(self.q_norm(q), angles)
+        k = apply_rope(self.k_norm(k), angles)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], 1), torch.cat([past[1], v], 1))
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
@@ -136,13 +149,29 @@ class DiTBlock(nn.Module):
         self.modulation = nn.Linear(cfg.dim, 6 * cfg.dim)
 
     def forward(
-        self, x: Tensor, c: Tensor, positions: Tensor, mask: Tensor, cross_kv: KV, past: KV | None
+        self,
+        x: Tensor,
+        cond: Tensor,
+        angles: tuple[Tensor, Tensor],
+        mask: Tensor | None,
+        cross_kv: KV,
+        past: KV | None,
     ) -> tuple[Tensor, KV]:
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(F.silu(c)).chunk(6, dim=-1)
-        h, kv = self.attn(self.norm1(x) * (1 + scale1) + shift1, positions, mask, past)
-        x = x + gate1 * h
+        """``x [B, F*T, D]`` frame-major tokens; ``cond [B, F, D]`` one conditioning per frame: the
+        adaLN modulation is computed per frame and broadcast over the frame's tokens."""
+        b, f = cond.shape[:2]
+        mods = self.modulation(F.silu(cond))[:, :, None, :].chunk(6, dim=-1)  # each [B, F, 1, D]
+        shift1, scale1, gate1, shift2, scale2, gate2 = mods
+
+        def per_frame(t: Tensor) -> Tensor:
+            return t.view(b, f, -1, t.shape[-1])
+
+        h = (per_frame(self.norm1(x)) * (1 + scale1) + shift1).view_as(x)
+        h, kv = self.attn(h, angles, mask, past)
+        x = (per_frame(x) + gate1 * per_frame(h)).view_as(x)
         x = x + self.cross(self.norm_cross(x), cross_kv)
-        x = x + gate2 * self.mlp(self.norm2(x) * (1 + scale2) + shift2)
+        h = (per_frame(self.norm2(x)) * (1 + scale2) + shift2).view_as(x)
+        x = (per_frame(x) + gate2 * per_frame(self.mlp(h))).view_as(x)
         return x, kv
 
 
@@ -189,27 +218,29 @@ class CausalDiT(nn.Module):
         sigma: Tensor,
         actions: Tensor,
         cross_kv: list[KV],
-        mask: Tensor,
+        mask: Tensor | None,
         past: list[KV] | None = None,
     ) -> tuple[Tensor, list[KV]]:
         """Predict clean latents for noisy latents ``x [B, F, C, H, W]`` at noise ``sigma [B, F]``.
 
         ``frame_pos [B, F]`` absolute latent frame indices, ``actions [B, F, action_dim]``,
-        ``mask`` bool broadcastable to ``[B, heads, F*T, P + F*T]`` where ``P`` is the number of
-        ``past`` tokens per layer (``past[l] = (K, V)`` each ``[B, P, heads, head_dim]``).
+        ``mask`` bool broadcastable to ``[B, heads, F*T, P + F*T]`` (``None``: every key visible,
+        which lets attention use its fastest kernels) where ``P`` is the number of ``past`` tokens
+        per layer (``past[l] = (K, V)`` each ``[B, P, heads, head_dim]``).
         Returns ``x0 [B, F, C, H, W]`` and each layer's roped ``(K, V)`` of the input tokens.
         """
         b, f = x.shape[:2]
         tpf = self.cfg.tokens_per_frame
         tokens = self.patch_embed(self.patchify(x)) + self.pos_embed.repeat(f, 1)
-        cond = self.time_embed(timestep_embedding(sigma, 256)) + self.action_embed(actions)
-        c = cond.repeat_interleave(tpf, dim=1)  # [B, F*T, D]
+        cond = self.time_embed(timestep_embedding(sigma, 256)) + self.action_embed(actions)  # [B, F, D]
         positions = frame_pos.repeat_interleave(tpf, dim=1)
+        angles = rope_angles(positions, self.cfg.head_dim, self.cfg.rope_theta, tokens.dtype)
         new_kv: list[KV] = []
         for i, blk in enumerate(self.blocks):
-            tokens, kv = blk(tokens, c, positions, mask, cross_kv[i], None if past is None else past[i])
+            tokens, kv = blk(tokens, cond, angles, mask, cross_kv[i], None if past is None else past[i])
             new_kv.append(kv)
-        shift, scale = self.mod_out(F.silu(c)).chunk(2, dim=-1)
-        out = self.proj_out(self.norm_out(tokens) * (1 + scale) + shift)
+        shift, scale = self.mod_out(F.silu(cond))[:, :, None, :].chunk(2, dim=-1)
+        out = (self.norm_out(tokens).view(b, f, tpf, -1) * (1 + scale) + shift).view_as(tokens)
+        out = self.proj_out(out)
         velocity = self.unpatchify(out, f)
         return x - sigma[:, :, None, None, None] * velocity, new_kv

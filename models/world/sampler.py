@@ -61,15 +61,17 @@ class FlowSampler:
     @torch.no_grad()
     def denoise(
         self, reqs: Sequence[BlockRequest], cross: list[KV] | None = None
-    ) -> tuple[Tensor, list[KV], Tensor]:
+    ) -> tuple[Tensor, list[KV], Tensor | None]:
         """Staged denoise passes; returns x0 ``[B, fpb, C, h, w]`` plus the gathered past and mask
-        (reused by ``commit``). ``cross`` overrides the pool's cross-attention K/V (prompt change)."""
+        (``None`` when every key is visible; reused by ``commit``). ``cross`` overrides the pool's cross-attention K/V (prompt change)."""
         cfg, fpb = self.cfg, self.cfg.frames_per_block
         ids, starts, pos, actions = self._inputs(reqs)
         past, key_mask = self.pool.gather(ids, starts)
         cross = self.pool.cross(ids) if cross is None else cross
         b = len(reqs)
         mask = torch.cat([key_mask, key_mask.new_ones(b, fpb * cfg.tokens_per_frame)], 1)[:, None, None, :]
+        if bool(key_mask.all()):  # a full window (the steady state): no mask, so flash attention
+            mask = None
         shape = (fpb, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
         like = self.pool.k
         x = torch.stack([block_noise(r.seed, r.block, 0, shape, like) for r in reqs])
@@ -85,7 +87,7 @@ class FlowSampler:
 
     @torch.no_grad()
     def clean_pass(
-        self, reqs: Sequence[BlockRequest], x0: Tensor, past: list[KV], mask: Tensor, cross: list[KV]
+        self, reqs: Sequence[BlockRequest], x0: Tensor, past: list[KV], mask: Tensor | None, cross: list[KV]
     ) -> list[KV]:
         """The sigma = 0 pass over the final x0: the block's K/V to commit (nothing written yet)."""
         _, _, pos, actions = self._inputs(reqs)
