@@ -216,7 +216,8 @@ class DuplexConfig:
     speech model steps every session together each 80 ms (docs/protocols/duplex.md)."""
 
     enabled: bool = False
-    model: Literal["duplex-small", "duplex-test", "moshi-test"] = "duplex-small"
+    model: Literal["duplex-small", "duplex-test", "moshi-test", "moshi"] = "duplex-small"
+    weights: str | None = None  # model "moshi": a local folder with Moshi's weight files
     device: str = "cpu"
     seed: int = 0
     torch_threads: NonNegativeInt = 1
@@ -236,6 +237,10 @@ class DuplexConfig:
     compute_utilisation: Fraction = 0.9
     opus: bool = True
     opus_bitrate: Annotated[int, _in_range(6000, 510_000)] = 24_000
+
+    def validate(self, path: str) -> None:
+        if self.model == "moshi" and not self.weights:
+            raise _FieldError(f"{path}.weights", "model 'moshi' needs a local folder of Moshi weights")
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from starlette.websockets import WebSocket
 from models.duplex.stage import FRAME_MS, SAMPLE_RATE, ContextExhausted, measure_step_seconds
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
-from realtime.kinds.duplex_model import FrameStage, build_stage
+from realtime.kinds.duplex_model import FrameStage, build_stage, per_session_bytes
 from realtime.kinds.duplex_session import DuplexSession, Flush, Pending, new_token
 from realtime.kinds.runtime import build_session_manager, capacity_plan
 from realtime.protocols.duplex import commands as dc
@@ -190,7 +190,7 @@ class DuplexService(KindServiceBase):
         if c.torch_threads:
             torch.set_num_threads(c.torch_threads)
         progress("plan capacity", 0, 3)
-        per_session = int(build_stage(c, 1).state_bytes())
+        per_session = per_session_bytes(c)
         plan = capacity_plan(
             self.ctx.config.runtime, MemoryDeclaration(per_session, max_sessions=c.max_sessions), c.device
         )

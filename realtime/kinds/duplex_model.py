@@ -4,7 +4,10 @@ carries a step's typed error to the frame clock."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from models.duplex.stage import DuplexError
 from models.stage import StageItem
@@ -13,16 +16,49 @@ from realtime.kinds.duplex_session import StepFailed
 
 
 def build_stage(config: DuplexConfig, slots: int) -> Any:
-    """The model ``config.model`` names as a duplex stage of ``slots`` slots (random weights,
-    seeded: see docs/protocols/duplex.md, "Models")."""
-    if config.model == "moshi-test":
-        from models.duplex.moshi_adapter import MoshiDuplexStage
+    """The model ``config.model`` names as a duplex stage of ``slots`` slots: the embedded model
+    (random weights from ``seed``), Moshi's tiny random test config, or Moshi from the local
+    folder ``config.weights`` (``model.safetensors``, ``tokenizer-*.safetensors`` (Mimi),
+    ``tokenizer_spm_*.model``)."""
+    if config.model in ("moshi-test", "moshi"):
+        from models.duplex.moshi_adapter import SMALL_LM_KWARGS, SMALL_MIMI_CONFIG, MoshiDuplexStage
 
-        return MoshiDuplexStage.from_config(None, device=config.device, slot_capacity=slots, seed=config.seed)
+        if config.model == "moshi-test":
+            return MoshiDuplexStage.from_config(
+                config.device, slots, SMALL_LM_KWARGS, SMALL_MIMI_CONFIG, seed=config.seed
+            )
+        folder = Path(config.weights or ".")
+        return MoshiDuplexStage.from_config(
+            config.device,
+            slots,
+            lm_weights=folder / "model.safetensors",
+            mimi_weights=_one(folder, "tokenizer-*.safetensors"),
+            tokenizer=_one(folder, "tokenizer_spm_*.model"),
+            dtype=torch.bfloat16 if config.device.startswith("cuda") else torch.float32,
+            seed=config.seed,
+        )
     from models.duplex.configs import CONFIGS
     from models.duplex.stage import build_duplex_stage
 
     return build_duplex_stage(CONFIGS[config.model], config.device, slots, config.seed)
+
+
+def per_session_bytes(config: DuplexConfig) -> int:
+    """One session's resident bytes, from a one-slot build freed at once (memory is then
+    measured before the real pools exist)."""
+    probe = build_stage(config, 1)
+    per_session = int(probe.state_bytes())
+    del probe
+    if config.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return per_session
+
+
+def _one(folder: Path, pattern: str) -> Path:
+    found = sorted(folder.glob(pattern))
+    if len(found) != 1:
+        raise FileNotFoundError(f"duplex.weights: expected one {pattern} in {folder}, found {len(found)}")
+    return found[0]
 
 
 class FrameStage:
