@@ -43,7 +43,7 @@ class DuplexModelConfig:
     # depth transformer (one position per codebook within a frame)
     depth_dim: int = 64
     depth_heads: int = 4
-    depth_layers: int = 2
+    depth_layers: int = 1
     depth_ffn_dim: int = 192
     # text stream: token 0 = PAD (the model listens), token 1 = BOS (stream start)
     text_vocab: int = 64

@@ -73,14 +73,21 @@ class SlotKV:
         self.kv[slots, layer, 0, :, idx] = k
         self.kv[slots, layer, 1, :, idx] = v
 
-    def read(self, layer: int, slots: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def read(
+        self, layer: int, slots: Tensor, t: Tensor, span: range | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Keys and values ``[B, heads, context, head_dim]`` and the mask ``[B, 1, 1, context]``
-        (True = attend) that step ``t [B]`` sees; sink keys re-rotated after a roll."""
+        (True = attend) that step ``t [B]`` sees; sink keys re-rotated after a roll.
+
+        ``span``: the slots as a contiguous range (``slots == span``), read as views of the pool
+        instead of a gathered copy (the frame clock's usual batch: every open slot in order).
+        """
         g = self.geometry
-        rows = self.kv[slots, layer]  # [B, 2, H, ctx, Dh]: a read copy of the batch's rows
+        rows = self.kv[span.start : span.stop, layer] if span is not None else self.kv[slots, layer]
         k, v = rows[:, 0], rows[:, 1]
         shift = (t - (g.context - 1)).clamp(min=0)
         if g.sink and bool((shift > 0).any()):
+            k = k.clone()  # rotate a copy: the pool keeps keys roped at their absolute positions
             sink = k[:, :, : g.sink].transpose(1, 2)  # [B, sink, H, Dh]
             k[:, :, : g.sink] = rope(sink, shift[:, None].expand(-1, g.sink), self.theta).transpose(1, 2)
         visible = torch.arange(g.context, device=t.device)[None, :] <= t[:, None]

@@ -87,16 +87,22 @@ def _hash32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def sample(logits: Tensor, seeds: Tensor, step: Tensor, stream: int, temperature: float) -> Tensor:
-    """Token per row of ``logits [B, V]``: Gumbel-max with noise keyed by ``(seed, step, stream)``
-    per row (``seeds``, ``step`` int64 ``[B]``); ``temperature == 0`` is greedy."""
+def gumbel_noise(seeds: Tensor, step: Tensor, streams: int, vocab: int) -> Tensor:
+    """Gumbel noise ``[B, streams, vocab]`` (float64), a pure function of each row's ``seeds [B]``,
+    ``step [B]`` (int64), the stream index and the token id."""
+    key = _hash32(
+        seeds[:, None] ^ _hash32(step[:, None] * 0x9E3779B1 + torch.arange(streams, device=step.device))
+    )
+    bits = _hash32(key[:, :, None] ^ _hash32(torch.arange(vocab, device=step.device)))
+    u = (bits.to(torch.float64) + 0.5) / 2**32
+    return -torch.log(-torch.log(u))
+
+
+def sample(logits: Tensor, noise: Tensor, temperature: float) -> Tensor:
+    """Token per row of ``logits [B, V]``: Gumbel-max with ``noise [B, V]``; 0 = greedy."""
     if temperature == 0:
         return logits.argmax(-1)
-    key = _hash32(seeds ^ _hash32(step * 0x9E3779B1 + stream))
-    bits = _hash32(key[:, None] ^ _hash32(torch.arange(logits.shape[-1], device=logits.device)))
-    u = (bits.to(torch.float64) + 0.5) / 2**32
-    gumbel = -torch.log(-torch.log(u))
-    return (logits.to(torch.float64) / temperature + gumbel).argmax(-1)
+    return (logits.to(torch.float64) / temperature + noise).argmax(-1)
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,7 @@ class DuplexLM(nn.Module):
         """The model's ``n_q`` codebooks ``[B, n_q]`` after temporal output ``h [B, D]`` and the
         step's text token ``text [B]``, one depth position per codebook."""
         cfg = self.cfg
+        noise = gumbel_noise(seeds, step, 1 + cfg.n_q, cfg.codebook_size)[:, 1:]  # stream 0 is text
         b = h.shape[0]
         base = self.depth_in(h)
         scratch = [
@@ -168,27 +175,37 @@ class DuplexLM(nn.Module):
             for layer, block in enumerate(self.depth):
                 x = block(x, None, _scratch_attend(scratch[layer], k))
             logits = self.audio_heads[k](self.depth_norm(x[:, 0]))
-            code = sample(logits, seeds, step, 1 + k, cfg.audio_temperature)
+            code = sample(logits, noise[:, k], cfg.audio_temperature)
             codes.append(code)
             if k + 1 < cfg.n_q:
                 prev_emb = self.depth_audio_emb[k](code)
         return torch.stack(codes, dim=1)
 
     def step(
-        self, kv: SlotKV, slots: Tensor, t: Tensor, text: Tensor, audio: Tensor, user: Tensor, seeds: Tensor
+        self,
+        kv: SlotKV,
+        slots: Tensor,
+        t: Tensor,
+        text: Tensor,
+        audio: Tensor,
+        user: Tensor,
+        seeds: Tensor,
+        span: range | None = None,
     ) -> StepTokens:
-        """One frame of every row: ``slots``, positions ``t``, previous ``text [B]`` / ``audio [B, n_q]``,
-        this frame's ``user [B, n_q]`` codes, ``seeds [B]``. Writes each row's KV at ``t`` in place."""
+        """One frame of every row: ``slots`` (``span``: the same as a contiguous range, if they
+        are one), positions ``t``, previous ``text [B]`` / ``audio [B, n_q]``, this frame's
+        ``user [B, n_q]`` codes, ``seeds [B]``. Writes each row's KV at ``t`` in place."""
         x = self.embed(text[:, None], audio[:, None], user[:, None])
-        h = self.temporal_forward(x, t[:, None], lambda layer: _pool_attend(kv, layer, slots, t))[:, 0]
-        text_out = sample(self.text_head(h), seeds, t, 0, self.cfg.text_temperature)
+        h = self.temporal_forward(x, t[:, None], lambda layer: _pool_attend(kv, layer, slots, t, span))[:, 0]
+        noise = gumbel_noise(seeds, t, 1, self.cfg.text_vocab)[:, 0]
+        text_out = sample(self.text_head(h), noise, self.cfg.text_temperature)
         return StepTokens(text_out, self.depth_decode(h, text_out, seeds, t), h)
 
 
-def _pool_attend(kv: SlotKV, layer: int, slots: Tensor, t: Tensor) -> Attend:
+def _pool_attend(kv: SlotKV, layer: int, slots: Tensor, t: Tensor, span: range | None) -> Attend:
     def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         kv.write(layer, slots, t, k[:, :, 0], v[:, :, 0])
-        keys, values, mask = kv.read(layer, slots, t)
+        keys, values, mask = kv.read(layer, slots, t, span)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
     return attend

@@ -206,23 +206,23 @@ class DuplexStage:
         return None
 
     def _step(self, items: Sequence[StageItem]) -> list[DuplexOutput | Exception]:
-        """One batched frame: encode inputs, temporal + depth step, decode outputs, then commit."""
-        slot_list = [item.slot for item in items]
+        """One batched frame: encode inputs, temporal + depth step, decode outputs, then commit.
+
+        Rows run in slot order, so a batch of consecutive slots reads the KV pool as views."""
+        order = sorted(range(len(items)), key=lambda i: items[i].slot)  # type: ignore[arg-type, return-value]
+        slot_list: list[int] = [items[i].slot for i in order]  # type: ignore[misc]
+        span = range(slot_list[0], slot_list[-1] + 1)
         steps = self.steps[slot_list]
         slots = torch.tensor(slot_list, dtype=torch.long, device=self.device)
         t = torch.from_numpy(steps).to(self.device)
-        pcm = torch.from_numpy(np.stack([item.payload.pcm for item in items])).to(self.device, self.dtype)
+        pcm = np.stack([items[i].payload.pcm for i in order])
         with torch.inference_mode():
             state = self.codec_state.gather(slots)
-            user, encoder = self.codec.encode(pcm, state)
+            user, encoder = self.codec.encode(torch.from_numpy(pcm).to(self.device, self.dtype), state)
+            prev_text, prev_audio, seeds = self.prev_text[slots], self.prev_audio[slots], self.seeds[slots]
+            contiguous = len(span) == len(slot_list)
             out = self.lm.step(
-                self.kv,
-                slots,
-                t,
-                self.prev_text[slots],
-                self.prev_audio[slots],
-                user[:, :, 0],
-                self.seeds[slots],
+                self.kv, slots, t, prev_text, prev_audio, user[:, :, 0], seeds, span if contiguous else None
             )
             audio, decoder = self.codec.decode(out.audio[:, :, None], state)
             audio_np = audio.float().cpu().numpy()
@@ -232,12 +232,12 @@ class DuplexStage:
             self.prev_text[slots] = out.text
             self.prev_audio[slots] = out.audio
         self.steps[slot_list] = steps + 1
-        return [
-            DuplexOutput(
-                audio_np[b], text_piece(tok), tok != PAD, int(step), bool(step >= self.config.context)
-            )
-            for b, (tok, step) in enumerate(zip(text, steps, strict=True))
-        ]
+        outputs: list[DuplexOutput | Exception] = [None] * len(items)  # type: ignore[list-item]
+        for row, i in enumerate(order):
+            tok, step = text[row], int(steps[row])
+            rolled = step >= self.config.context
+            outputs[i] = DuplexOutput(audio_np[row], text_piece(tok), tok != PAD, step, rolled)
+        return outputs
 
 
 def build_duplex_stage(
