@@ -27,8 +27,9 @@ and the rule. Inputs are never written to.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,12 @@ class Preset:
     images_key: str | None = None  # cameras nested under this key (ALOHA's "images" dict)
     ignored_cameras: tuple[str, ...] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: Camera names a nested ``images`` map may hold (computed once, not per request).
+    accepted_cameras: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        accepted = frozenset(c.key for c in self.cameras) | frozenset(self.ignored_cameras)
+        object.__setattr__(self, "accepted_cameras", accepted)
 
     def describe(self) -> dict[str, Any]:
         """This preset's entry in the handshake metadata."""
@@ -127,13 +134,18 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+def all_str(keys: Iterable[Any]) -> bool:
+    """Whether every key is a ``str`` (one C-level pass: this runs on every request)."""
+    return all(map(isinstance, keys, repeat(str)))
+
+
 def detect(observation: Mapping[str, Any]) -> Preset:
     """The preset whose distinctive keys the observation carries."""
-    if not all(isinstance(k, str) for k in observation):
+    if not all_str(observation):
         raise ObservationError("observation keys must be strings")
     if isinstance(observation.get("images"), Mapping):
         return PRESETS["aloha"]
-    if any(k.startswith("observation.images.") for k in observation):
+    if any(map(str.startswith, observation, repeat("observation.images."))):
         return PRESETS["pi0"]
     if "observation/joint_position" in observation or "observation/exterior_image_1_left" in observation:
         return PRESETS["droid"]
@@ -162,7 +174,8 @@ def _image(key: str, value: Any) -> np.ndarray:
         raise ObservationError(f"camera {key!r} must be HxWx3 or 3xHxW, got shape {list(value.shape)}")
     if value.shape[-1] != 3:
         value = value.transpose(1, 2, 0)
-    if not 0 < min(value.shape[:2]) <= max(value.shape[:2]) <= MAX_IMAGE_SIDE:
+    height, width = value.shape[:2]
+    if not (0 < height <= MAX_IMAGE_SIDE and 0 < width <= MAX_IMAGE_SIDE):
         raise ObservationError(
             f"camera {key!r} sides must be in 1..{MAX_IMAGE_SIDE}, got shape {list(value.shape)}"
         )
@@ -186,12 +199,14 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _state_array(key: str, raw: Any) -> np.ndarray:
-    try:
-        value = np.asarray(raw)
-    except (ValueError, TypeError, OverflowError):  # ragged nested lists, unconvertible objects
-        raise ObservationError(
-            f"state {key!r} must be a numeric array, got a {type(raw).__name__} that is not one (ragged?)"
-        ) from None
+    value = raw
+    if type(raw) is not np.ndarray:  # the OpenPI codec decodes to ndarrays: nothing to convert then
+        try:
+            value = np.asarray(raw)
+        except (ValueError, TypeError, OverflowError):  # ragged nested lists, unconvertible objects
+            raise ObservationError(
+                f"state {key!r} must be a numeric array, got a {type(raw).__name__} that is not one (ragged?)"
+            ) from None
     if value.dtype.kind not in "biuf":
         raise ObservationError(f"state {key!r} must be a numeric array, got dtype {value.dtype.str}")
     return value
@@ -209,13 +224,9 @@ def _state(preset: Preset, observation: Mapping[str, Any]) -> np.ndarray:
             raise ObservationError(
                 f"state {spec.key!r} must have {spec.rule} (preset {preset.name}), got shape {list(value.shape)}"
             )
-        # finite and within float32's range, checked without np.errstate (a slow context manager
-        # on every request): a comparison is False for NaN and beyond the range alike
-        if value.dtype == np.float32:
-            finite = bool(np.isfinite(value).all())
-        else:
-            finite = value.dtype.kind != "f" or bool((np.abs(value) <= _FLOAT32_MAX).all())
-        if not finite:
+        # finite and within float32's range in one reduction, without np.errstate (a slow context
+        # manager on every request): max() propagates NaN, and a comparison with NaN is False
+        if value.dtype.kind == "f" and not np.abs(value).max() <= _FLOAT32_MAX:
             raise ObservationError(f"state {spec.key!r} must be finite float32 values, got NaN or infinity")
         parts.append(value.astype(np.float32, copy=False).reshape(-1))
     return np.concatenate(parts)
@@ -242,6 +253,8 @@ def _text_array(prompt: np.ndarray, max_chars: int) -> str:
 def check_prompt(prompt: Any, max_chars: int) -> str:
     """The prompt as text: a str, UTF-8 bytes (invalid sequences replaced) or a 0-d ``U``/``S``
     array, at most ``max_chars`` characters and encodable as UTF-8 (no lone surrogates)."""
+    if type(prompt) is str and len(prompt) <= max_chars and prompt.isascii():
+        return prompt  # the common case, every request: ASCII always encodes
     if isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind in "US":
         prompt = _text_array(prompt, max_chars)
     if isinstance(prompt, bytes):  # np.bytes_ too
@@ -283,19 +296,21 @@ def canonicalize(
             raise ObservationError(f"{preset.images_key!r} must be a map of camera name to image")
         if not all(isinstance(k, str) for k in source):
             raise ObservationError(f"{preset.images_key!r} keys must be camera names (strings)")
-        known = {c.key for c in preset.cameras} | set(preset.ignored_cameras)
-        unknown = sorted(set(source) - known)
-        if unknown:
+        known = preset.accepted_cameras
+        if not known.issuperset(source):
+            unknown = sorted(set(source) - known)
             raise ObservationError(
                 f"unknown camera {unknown[0]!r} (preset {preset.name} accepts {sorted(known)})"
             )
     images: list[np.ndarray | None] = [None] * max_cameras
+    found = False
     for camera in preset.cameras:
         if camera.key in source:
             images[camera.slot] = _image(camera.key, source[camera.key])
+            found = True
         elif camera.required:
             raise ObservationError(f"missing camera {camera.key!r} (preset {preset.name})")
-    if all(image is None for image in images):
+    if not found:
         raise ObservationError(
             f"no camera image (preset {preset.name} reads {[c.key for c in preset.cameras]})"
         )

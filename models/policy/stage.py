@@ -30,7 +30,7 @@ class PolicyInput:
     received_at: float  # time.perf_counter() when the request arrived (RTC measures latency from it)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PolicyChunk:
     actions: np.ndarray
     forward_ms: float
@@ -71,11 +71,13 @@ class PolicyStage:
         start = time.perf_counter()
         now = time.monotonic()
         states = [self._states[item.slot] for item in items]
-        inputs: list[PolicyInput] = [item.payload for item in items]
-        snapshots = [s.snapshot(i.prepared, now) for s, i in zip(states, inputs, strict=True)]
-        chunks = self.policy.infer([i.prepared for i in inputs], snapshots)
+        prepared = [item.payload.prepared for item in items]
+        snapshots = [state.snapshot(p, now) for state, p in zip(states, prepared, strict=True)]
+        chunks = self.policy.infer(prepared, snapshots)
         done = time.perf_counter()
-        for state, inp, chunk in zip(states, inputs, chunks, strict=True):  # commit: the forward succeeded
-            state.commit(chunk, done - inp.received_at, now + (done - start))
+        committed = now + (done - start)
+        for state, item, chunk in zip(states, items, chunks, strict=True):  # commit: the forward succeeded
+            state.commit(chunk, done - item.payload.received_at, committed)
         ms = (done - start) * 1000.0
-        return [PolicyChunk(chunk, ms, len(items)) for chunk in chunks]
+        size = len(items)
+        return [PolicyChunk(chunk, ms, size) for chunk in chunks]

@@ -57,7 +57,7 @@ import msgpack
 import numpy as np
 
 from models.policy.interface import ObservationError
-from models.policy.presets import check_prompt
+from models.policy.presets import all_str, check_prompt
 
 PROTOCOL = "openpi"
 PROTOCOL_VERSION = "0.1"
@@ -133,6 +133,10 @@ _STRING_DTYPE = re.compile(r"([<>|=]?)([US])([1-9][0-9]{0,4})")
 
 
 def _dtype(raw: Any) -> np.dtype:
+    if type(raw) is str:  # what openpi-client sends: one table look-up (every key is <= MAX_DTYPE_CHARS)
+        dtype = _DTYPES.get(raw)
+        if dtype is not None:
+            return dtype
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("ascii")
@@ -429,8 +433,10 @@ def _prompt_problem(prompt: Any, max_chars: int) -> str | None:
 
     Other shapes (not text at all) are left to the policy's ``prepare``, which names the rule.
     """
-    text_array = isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind in "US"
-    if not (text_array or isinstance(prompt, str | bytes)):
+    text = isinstance(prompt, str | bytes) or (
+        isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind in "US"
+    )
+    if not text:
         return None
     try:
         check_prompt(prompt, max_chars)
@@ -444,7 +450,7 @@ def _command(seq: int, message: Any, max_prompt_chars: int) -> Command:
         return Rejected(
             seq, ErrorCode.INVALID_PAYLOAD, f"expected a msgpack map, got {type(message).__name__}"
         )
-    if not all(isinstance(k, str) for k in message):
+    if not all_str(message):
         return Rejected(seq, ErrorCode.INVALID_PAYLOAD, "observation keys must be strings")
     if "endpoint" in message:
         endpoint = message["endpoint"]
