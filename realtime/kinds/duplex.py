@@ -438,6 +438,7 @@ class _DuplexHandler:
         try:
             return _Samples(await loop.run_in_executor(self.service.media, self.decoder.feed, command.data))
         except OpusError as exc:
+            self.decoder = OggOpusDecoder()  # the client restarts its stream (a new OpusHead)
             return _error("invalid_opus", str(exc))
 
     async def session_ended(self, conn: Connection, reason: str) -> Close:
