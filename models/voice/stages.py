@@ -168,7 +168,7 @@ class ChatRequest:
     speak: bool = True
     speed: float = 1.0
     sample_rate: int = TTS_RATE
-    tools: tuple[ToolSpec, ...] = ()  # offered to the model (tool_choice "auto")
+    tools: tuple[ToolSpec, ...] = ()  # listed in the prompt
     forced_tools: tuple[ToolSpec, ...] = ()  # non-empty: the reply is one call of one of these
 
     @property

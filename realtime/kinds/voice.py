@@ -47,6 +47,7 @@ from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
 from realtime.kinds.voice_conversation import Conversation
+from realtime.kinds.voice_llm import llm_stage, load_chat
 from realtime.protocols.oai_realtime import (
     CodecOptions,
     Handshake,
@@ -58,14 +59,24 @@ from realtime.protocols.oai_realtime import (
 )
 from realtime.protocols.oai_realtime import client_events as ce
 from realtime.protocols.oai_realtime import server_events as ev
+from realtime.protocols.oai_realtime.errors import ParamError
 from realtime.protocols.oai_realtime.items import (
+    FunctionCall,
     InputAudio,
+    Item,
     Message,
     OutputAudio,
     OutputText,
 )
 from realtime.protocols.oai_realtime.responses import ItemReference, ResponseSettings
-from realtime.protocols.oai_realtime.session_config import AudioFormat, ServerVad, Transcription
+from realtime.protocols.oai_realtime.session_config import (
+    AudioFormat,
+    SemanticVad,
+    ServerVad,
+    ToolChoiceFunction,
+    Transcription,
+    check_tool_choice,
+)
 from realtime.protocols.oai_realtime.wire import new_id
 from sessions.engine import Pipeline, StageEngine, StreamingStageEngine
 from sessions.errors import SessionError, TickSupersededError
@@ -81,6 +92,12 @@ AUDIO_QUEUE_ITEMS = 64  # appends waiting for the VAD; the reader waits beyond t
 VAD_RATE = 16_000
 FRAME_MS = 32
 _TERMINAL = ("close", "disconnect", "idle", "lifetime", "evicted", "shutdown")
+# semantic_vad is served as server VAD whose end-of-turn silence follows ``eagerness``: OpenAI's
+# "`low` will wait longer for the user to continue speaking, `high` will respond more quickly.
+# `auto` is the default and is equivalent to `medium`" (its max timeouts 8 s / 4 s / 2 s bound
+# the wait of a semantic model; these silences sit well inside them).
+SEMANTIC_VAD_SILENCE_MS = {"low": 800, "medium": 500, "auto": 500, "high": 250}
+SEMANTIC_VAD = ServerVad()  # threshold and prefix padding of the semantic_vad mapping
 
 
 def voice_input(snapshot: Any) -> Any:
@@ -133,7 +150,7 @@ class VoiceService(KindServiceBase):
         import torch
 
         from models.voice.asr import WhisperAsr
-        from models.voice.llm import DEFAULT_SYSTEM_PROMPT, TransformersChat
+        from models.voice.llm import DEFAULT_SYSTEM_PROMPT
         from models.voice.tts import HibariTts
         from models.voice.vad import SileroVad
 
@@ -143,12 +160,7 @@ class VoiceService(KindServiceBase):
         steps = (
             ("vad", SileroVad),
             ("asr", WhisperAsr),
-            (
-                "llm",
-                lambda: TransformersChat(
-                    max_conversations=c.max_sessions, max_context_tokens=c.llm_context_tokens
-                ),
-            ),
+            ("llm", lambda: load_chat(c)),  # voice.llm_backend: transformers | vllm
             ("tts", HibariTts),
         )
         for i, (name, build) in enumerate(steps):
@@ -158,16 +170,10 @@ class VoiceService(KindServiceBase):
         self.default_instructions = c.instructions or DEFAULT_SYSTEM_PROMPT
 
     async def start(self) -> None:
-        from models.voice.stages import AsrStage, TransformersLlmStage, TtsStage, VadStage
+        from models.voice.stages import AsrStage, TtsStage, VadStage
 
         c, registry, m = self.config, self.ctx.registry, self.models_loaded
-        self.llm = TransformersLlmStage(
-            m["llm"],
-            c.max_sessions,
-            workers=c.llm_workers,
-            chunked=c.chunked_tts,
-            first_clause_words=c.first_clause_words,
-        )
+        self.llm = llm_stage(c, m["llm"])
         vad = VadStage(m["vad"], c.max_sessions)
         plan = capacity_plan(
             self.ctx.config.runtime, stage_declaration(self.llm, vad, max_sessions=c.max_sessions)
@@ -278,12 +284,17 @@ class _TaskFailed:
 
 @dataclass(eq=False)
 class _Response:
-    """The active response; ``cancel_reason`` set once it was cancelled (a second cancel is refused)."""
+    """The active response; ``cancel_reason`` set once it was cancelled (a second cancel is refused).
+
+    ``item_id`` is its assistant message ("" when a forced tool call makes the response only a
+    function call); ``after_id`` the conversation item its output follows.
+    """
 
     state: ev.ResponseState
     item_id: str = ""
     started: bool = False
     cancel_reason: str | None = None
+    after_id: str | None = None
 
     @property
     def ref(self) -> ev.PartRef:
@@ -302,6 +313,51 @@ class _Finished:
     audio_ms: int
     usage: Any  # models.voice.llm.ChatUsage | None
     error: BaseException | None
+    calls: tuple[FunctionCall, ...] = ()  # in output order; "in_progress" ones were cut short
+
+
+class _CallEvents:
+    """One response's function calls as the model makes them: its call events
+    (``models.voice.tool_calls``) in, the server events out. Owned by the response's child task;
+    the runner puts the calls in the conversation when the response finishes (``items``)."""
+
+    def __init__(self, r: _Response) -> None:
+        self.r = r
+        self.first_index = 1 if r.item_id else 0  # the assistant message, when there is one, is 0
+        self._calls: dict[int, FunctionCall] = {}
+        self._previous: dict[int, str | None] = {}
+        self._last = r.after_id
+
+    def events(self, calls: Sequence[Any]) -> list[ev.ServerEvent]:
+        from models.voice.tool_calls import CallArguments, CallStarted
+
+        out: list[ev.ServerEvent] = []
+        rid, in_conversation = self.r.state.id, self.r.in_conversation
+        for c in calls:
+            index = self.first_index + c.index
+            if isinstance(c, CallStarted):
+                call = FunctionCall(new_id("item"), new_id("call"), c.name, "", "in_progress")
+                self._calls[c.index], self._previous[c.index] = call, self._last
+                out.append(ev.OutputItemAdded(rid, index, call))
+                if in_conversation:
+                    out.append(ev.ItemAdded(call, self._last))
+                    self._last = call.id
+            elif isinstance(c, CallArguments):
+                call = self._calls[c.index]
+                out.append(ev.FunctionArgumentsDelta(rid, call.id, index, call.call_id, c.delta))
+            else:
+                call = replace(self._calls[c.index], arguments=c.arguments, status="completed")
+                self._calls[c.index] = call
+                out += [
+                    ev.FunctionArgumentsDone(rid, call.id, index, call.call_id, call.name, call.arguments),
+                    ev.OutputItemDone(rid, index, call),
+                ]
+                if in_conversation:
+                    out.append(ev.ItemDone(call, self._previous[c.index]))
+        return out
+
+    def items(self) -> tuple[FunctionCall, ...]:
+        return tuple(self._calls[i] for i in sorted(self._calls))
 
 
 _INTERNAL = (_Marker, _Frames, _Transcribed, _Finished, _Expiring, _TaskFailed)  # items the kind posts itself
@@ -347,7 +403,7 @@ class _VoiceHandler:
         self.vc = service.config
         self.handshake = handshake
         defaults = service.session_defaults(handshake)
-        self.codec = RealtimeCodec(handshake.dialect, defaults, CodecOptions())
+        self.codec = RealtimeCodec(handshake.dialect, defaults, CodecOptions(semantic_vad=True))
         self.config = defaults
         self.session_id = new_id("sess")
         self.conversation_id = new_id("conv")
@@ -457,7 +513,7 @@ class _VoiceHandler:
 
         for decision in self.turn.push_frames(item.frames, item.probabilities):
             td = self.config.turn_detection
-            assert isinstance(td, ServerVad)
+            assert td is not None
             if isinstance(decision, SpeechStarted):
                 self.speech_item_id = new_id("item")
                 await self._send(conn, ev.SpeechStarted(self.speech_item_id, decision.audio_start_ms))
@@ -490,9 +546,8 @@ class _VoiceHandler:
         if previous not in (None, "root") and previous not in self.items:
             await self._error(conn, errors.item_not_found(previous, "previous_item_id"), item.event_id)
             return
-        audio = [
-            p.audio for p in new.content if isinstance(p, InputAudio) and p.audio and p.transcript is None
-        ]
+        content = new.content if isinstance(new, Message) else ()
+        audio = [p.audio for p in content if isinstance(p, InputAudio) and p.audio and p.transcript is None]
         if isinstance(new, Message) and any(_too_big(p) for p in new.content):
             # kept only while it fits a retrieve frame: the conversation's memory stays bounded
             new = replace(
@@ -598,30 +653,19 @@ class _VoiceHandler:
             error = Rejected(str(code), "The response failed in the model.", type=errors.SERVER_ERROR)
         elif item.usage is not None and item.usage.generated_tokens >= self._max_tokens(settings):
             status, reason = "incomplete", "max_output_tokens"
-        part: OutputAudio | OutputText = (
-            OutputAudio(item.text, item.audio or None) if settings.audio_output else OutputText(item.text)
-        )
-        final = Message(
-            r.item_id, "assistant", (part,), "completed" if status == "completed" else "incomplete"
-        )
-        previous = self.items.previous_of(r.item_id) if r.in_conversation else None
-        entry = self.items.get(r.item_id)
-        if entry is not None:
-            entry.item, entry.audio_ms = final, item.audio_ms
-        ref = r.ref
+        output: list[Item] = []
         closing: list[ev.ServerEvent] = []
-        if settings.audio_output:
-            closing += [ev.AudioDone(ref), ev.TranscriptDone(ref, item.text)]
-        else:
-            closing.append(ev.TextDone(ref, item.text))
-        closing += [
-            ev.ContentPartDone(ref, OutputAudio(item.text) if settings.audio_output else part),
-            ev.OutputItemDone(r.state.id, 0, final),
-        ]
-        if r.in_conversation:
-            closing.append(ev.ItemDone(final, previous))
+        if r.item_id:
+            final = self._close_message(r, item, status, closing)
+            output.append(final)
+        output += self._close_calls(r, item.calls, closing)
         state = replace(
-            r.state, status=status, reason=reason, error=error, output=(final,), usage=self._usage(item.usage)
+            r.state,
+            status=status,
+            reason=reason,
+            error=error,
+            output=tuple(output),
+            usage=self._usage(item.usage),
         )
         closing += [ev.ResponseDone(state), self._rate_limits()]
         await self._send(conn, *closing)
@@ -635,6 +679,54 @@ class _VoiceHandler:
         if self.queued_response is not None:
             settings, self.queued_response = self.queued_response, None
             await self._create_response(conn, settings, None)
+
+    def _close_message(
+        self, r: _Response, item: _Finished, status: str, closing: list[ev.ServerEvent]
+    ) -> Message:
+        """The assistant message's closing events (appended to ``closing``); its final item."""
+        settings = r.state.settings
+        part: OutputAudio | OutputText = (
+            OutputAudio(item.text, item.audio or None) if settings.audio_output else OutputText(item.text)
+        )
+        final = Message(
+            r.item_id, "assistant", (part,), "completed" if status == "completed" else "incomplete"
+        )
+        previous = self.items.previous_of(r.item_id) if r.in_conversation else None
+        entry = self.items.get(r.item_id)
+        if entry is not None:
+            entry.item, entry.audio_ms = final, item.audio_ms
+        ref = r.ref
+        if settings.audio_output:
+            closing += [ev.AudioDone(ref), ev.TranscriptDone(ref, item.text)]
+        else:
+            closing.append(ev.TextDone(ref, item.text))
+        closing += [
+            ev.ContentPartDone(ref, OutputAudio(item.text) if settings.audio_output else part),
+            ev.OutputItemDone(r.state.id, 0, final),
+        ]
+        if r.in_conversation:
+            closing.append(ev.ItemDone(final, previous))
+        return final
+
+    def _close_calls(
+        self, r: _Response, calls: tuple[FunctionCall, ...], closing: list[ev.ServerEvent]
+    ) -> list[FunctionCall]:
+        """The response's function calls enter the conversation after its message (or after the
+        item the response followed); a call cut short (cancel, token cap) is closed incomplete."""
+        first = 1 if r.item_id else 0
+        previous = r.after_id if r.after_id in self.items else None
+        out = []
+        for index, call in enumerate(calls, start=first):
+            if call.status == "in_progress":
+                call = replace(call, status="incomplete")
+                closing.append(ev.OutputItemDone(r.state.id, index, call))
+                if r.in_conversation:
+                    closing.append(ev.ItemDone(call, previous))
+            if r.in_conversation:
+                self.items.insert(call, previous)
+                previous = call.id
+            out.append(call)
+        return out
 
     async def _on_expiring(self, conn: Connection, item: _Expiring) -> None:
         minutes = max(1, round(self.vc.max_lifetime_s / 60))
@@ -689,8 +781,10 @@ class _VoiceHandler:
         from models.voice.vad import ServerVadConfig, TurnDetector
 
         td = config.turn_detection
-        if not isinstance(td, ServerVad):
+        if td is None:
             return None
+        if isinstance(td, SemanticVad):
+            td = replace(SEMANTIC_VAD, silence_duration_ms=SEMANTIC_VAD_SILENCE_MS[td.eagerness])
         return TurnDetector(
             ServerVadConfig(
                 td.threshold,
@@ -746,6 +840,11 @@ class _VoiceHandler:
         if missing:
             await self._error(conn, errors.item_not_found(missing[0], "response.input"), event_id)
             return
+        try:
+            check_tool_choice(settings.tools, settings.tool_choice, "response.tool_choice")
+        except ParamError as exc:
+            await self._error(conn, exc.rejected, event_id)
+            return
         conversation = self.conversation_id if settings.conversation != "none" else None
         response = _Response(ev.ResponseState(new_id("resp"), settings, conversation_id=conversation))
         self.response = response
@@ -755,31 +854,48 @@ class _VoiceHandler:
             await self._begin(conn, response)
 
     async def _begin(self, conn: Connection, r: _Response) -> None:
-        """Announce the assistant item and start the streaming tick (a child task)."""
+        """Announce the assistant item and start the streaming tick (a child task). A forced
+        tool call (``tool_choice`` ``"required"`` or a function) has no assistant message: its
+        function call items are announced as the model makes them."""
         from models.voice.stages import ChatRequest
+        from models.voice.tool_calls import ToolSpec
 
         settings = r.state.settings
         r.started = True
-        r.item_id = new_id("item")
-        opening = Message(r.item_id, "assistant", (), "in_progress")
-        part = OutputAudio("") if settings.audio_output else OutputText("")
-        events: list[ev.ServerEvent] = [ev.OutputItemAdded(r.state.id, 0, opening)]
+        specs = tuple(ToolSpec(t.name, t.description, t.parameters) for t in settings.tools)
+        choice = settings.tool_choice
+        forced = tuple(
+            t
+            for t in specs
+            if choice == "required" or (isinstance(choice, ToolChoiceFunction) and t.name == choice.name)
+        )
         messages = self.items.prompt(
             settings.instructions or self.service.default_instructions, settings.input
         )
-        if r.in_conversation:
-            previous = self.items.insert(opening, None)
-            events.append(ev.ItemAdded(opening, previous))
-        events.append(ev.ContentPartAdded(r.ref, part))
-        await self._send(conn, *events)
+        r.after_id = self.items.last_id() if r.in_conversation else None
+        if not forced:
+            r.item_id = new_id("item")
+            opening = Message(r.item_id, "assistant", (), "in_progress")
+            part = OutputAudio("") if settings.audio_output else OutputText("")
+            events: list[ev.ServerEvent] = [ev.OutputItemAdded(r.state.id, 0, opening)]
+            if r.in_conversation:
+                previous = self.items.insert(opening, None)
+                events.append(ev.ItemAdded(opening, previous))
+                r.after_id = r.item_id
+            events.append(ev.ContentPartAdded(r.ref, part))
+            await self._send(conn, *events)
         fmt = settings.output_format
         request = ChatRequest(
             messages,
             max_new_tokens=self._max_tokens(settings),
-            temperature=self.vc.temperature,
-            speak=settings.audio_output,
+            temperature=0.0 if forced else self.vc.temperature,  # a forced call is greedy: deterministic
+            speak=settings.audio_output and not forced,
             speed=self.config.speed,
             sample_rate=fmt.sample_rate,
+            # answering a tool's output, the model gets no tools (unless forced): small models
+            # echo the output or call the tool again when the listing is still in the prompt
+            tools=() if choice == "none" or (not forced and messages[-1].role == "tool") else specs,
+            forced_tools=forced,
         )
         conn.spawn(
             self._generate(conn, r, request, conn.epoch),
@@ -797,10 +913,11 @@ class _VoiceHandler:
         audio_bytes, usage = 0, None
         audio_output = r.state.settings.audio_output
         ref = r.ref
+        calls = _CallEvents(r)
 
         def finished(error: BaseException | None) -> _Finished:
             ms = audio_bytes * 1000 // (fmt.sample_rate * fmt.bytes_per_sample)
-            return _Finished(r, "".join(text), bytes(kept), ms, usage, error)
+            return _Finished(r, "".join(text), bytes(kept), ms, usage, error, calls.items())
 
         if conn.epoch != epoch:  # cancelled before the tick started
             return finished(None)
@@ -822,6 +939,7 @@ class _VoiceHandler:
                     kept += data[: max(room, 0)]
                     for start in range(0, len(data), delta_bytes):
                         frames.append(ev.AudioDelta(ref, data[start : start + delta_bytes]))
+                frames += calls.events(speech.calls)
                 if speech.usage is not None:
                     usage = speech.usage
                 if frames:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from models.voice.llm import ChatMessage
+from models.voice.tool_calls import format_tool_call
 from realtime.protocols.oai_realtime.items import (
     FunctionCall,
     FunctionCallOutput,
@@ -78,6 +79,10 @@ class Conversation:
         self._entries = dict(entries)
         return self.previous_of(item.id)
 
+    def last_id(self) -> str | None:
+        """The id of the last item (``None`` when empty)."""
+        return next(reversed(self._entries), None)
+
     def previous_of(self, item_id: str) -> str | None:
         previous = None
         for key in self._entries:
@@ -91,7 +96,8 @@ class Conversation:
     ) -> tuple[ChatMessage, ...]:
         """The LLM's messages: ``instructions`` as the system message, then the items as text
         (the whole conversation, or ``selection``: a response's ``input``; a reference to an item
-        deleted meanwhile is skipped). Function calls and outputs enter as text."""
+        deleted meanwhile is skipped). A function call enters as the assistant's call markup
+        (``format_tool_call``), its output as a ``tool`` turn."""
         if selection is None:
             items = [e.item for e in self._entries.values()]
         else:
@@ -103,9 +109,9 @@ class Conversation:
         messages = [ChatMessage("system", instructions)]
         for item in items:
             if isinstance(item, FunctionCall):
-                messages.append(ChatMessage("assistant", f"(called {item.name} with {item.arguments})"))
+                messages.append(ChatMessage("assistant", format_tool_call(item.name, item.arguments)))
             elif isinstance(item, FunctionCallOutput):
-                messages.append(ChatMessage("user", f"(function result: {item.output})"))
+                messages.append(ChatMessage("tool", item.output))
             elif isinstance(item, Message) and (text := item_text(item)):
                 messages.append(ChatMessage(item.role, text))  # type: ignore[arg-type]
         return tuple(messages)

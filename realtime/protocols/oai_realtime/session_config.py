@@ -265,6 +265,23 @@ def parse_tool_choice(value: Any, path: str, limits: Limits, dialect: Dialect) -
     return ToolChoiceFunction(name)
 
 
+def check_tool_choice(tools: tuple[FunctionTool, ...], choice: ToolChoice, path: str) -> None:
+    """A choice that forces a call needs a tool to call: ``"required"`` needs at least one, a
+    named function must be one of ``tools`` (``invalid_value`` at ``path`` otherwise)."""
+    if choice == "required" and not tools:
+        raise ParamError(
+            ErrorCode.INVALID_VALUE,
+            f"Invalid value for {quote(path)}: 'required' needs at least one function in 'tools'.",
+            path,
+        )
+    if isinstance(choice, ToolChoiceFunction) and choice.name not in {t.name for t in tools}:
+        raise ParamError(
+            ErrorCode.INVALID_VALUE,
+            f"Tool choice 'function' with name {quote(choice.name)} not found in 'tools' parameter.",
+            path,
+        )
+
+
 def render_tool_choice(choice: ToolChoice, dialect: Dialect) -> Any:
     if isinstance(choice, str):
         return choice
@@ -572,7 +589,9 @@ def apply_update(
     raw = Obj(update, "session").raw
     merged = deep_merge(to_wire(current, dialect), raw, _MERGEABLE[dialect])
     parse = _parse_ga if dialect is Dialect.GA else _parse_beta
-    return parse(Obj(merged, "session"), current, defaults, limits, semantic_vad)
+    config = parse(Obj(merged, "session"), current, defaults, limits, semantic_vad)
+    check_tool_choice(config.tools, config.tool_choice, "session.tool_choice")
+    return config
 
 
 def _common(o: Obj, d: SessionConfig, limits: Limits, dialect: Dialect) -> dict[str, Any]:
