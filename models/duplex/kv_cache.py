@@ -53,6 +53,29 @@ class KVGeometry:
         return self.layers * 2 * self.heads * self.context * self.head_dim * self.dtype_bytes
 
 
+@dataclass(frozen=True)
+class StepRows:
+    """The rows of one batched step: pool ``slots [B]`` at positions ``t [B]`` (on the device);
+    ``span``, the same slots as a contiguous range when they are one (read as views of the pool,
+    not a gathered copy); ``rolled``, whether any row is past the context (host-side, so the
+    sink re-rotation costs no device sync when nothing rolled)."""
+
+    slots: Tensor
+    t: Tensor
+    span: range | None
+    rolled: bool
+
+    @classmethod
+    def of(cls, slots: list[int], steps: list[int], context: int, device: str) -> StepRows:
+        span = range(min(slots), max(slots) + 1)
+        return cls(
+            torch.tensor(slots, dtype=torch.long, device=device),
+            torch.tensor(steps, dtype=torch.long, device=device),
+            span if len(span) == len(slots) and slots == list(span) else None,
+            max(steps) >= context,
+        )
+
+
 class SlotKV:
     def __init__(
         self, geometry: KVGeometry, slots: int, dtype: torch.dtype, device: str, theta: float
@@ -67,26 +90,20 @@ class SlotKV:
         window = g.context - g.sink
         return torch.where(t < g.context, t, g.sink + (t - g.sink) % window)
 
-    def write(self, layer: int, slots: Tensor, t: Tensor, k: Tensor, v: Tensor) -> None:
-        """Store frame ``t [B]``'s roped key and value ``[B, heads, head_dim]`` in place."""
-        idx = self.index(t)
-        self.kv[slots, layer, 0, :, idx] = k
-        self.kv[slots, layer, 1, :, idx] = v
+    def write(self, layer: int, rows: StepRows, k: Tensor, v: Tensor) -> None:
+        """Store each row's roped key and value ``[B, heads, head_dim]`` of frame ``rows.t`` in place."""
+        idx = self.index(rows.t)
+        self.kv[rows.slots, layer, 0, :, idx] = k
+        self.kv[rows.slots, layer, 1, :, idx] = v
 
-    def read(
-        self, layer: int, slots: Tensor, t: Tensor, span: range | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def read(self, layer: int, rows: StepRows) -> tuple[Tensor, Tensor, Tensor]:
         """Keys and values ``[B, heads, context, head_dim]`` and the mask ``[B, 1, 1, context]``
-        (True = attend) that step ``t [B]`` sees; sink keys re-rotated after a roll.
-
-        ``span``: the slots as a contiguous range (``slots == span``), read as views of the pool
-        instead of a gathered copy (the frame clock's usual batch: every open slot in order).
-        """
-        g = self.geometry
-        rows = self.kv[span.start : span.stop, layer] if span is not None else self.kv[slots, layer]
-        k, v = rows[:, 0], rows[:, 1]
-        shift = (t - (g.context - 1)).clamp(min=0)
-        if g.sink and bool((shift > 0).any()):
+        (True = attend) that each row's step sees; sink keys re-rotated after a roll."""
+        g, t, span = self.geometry, rows.t, rows.span
+        pool = self.kv[span.start : span.stop, layer] if span is not None else self.kv[rows.slots, layer]
+        k, v = pool[:, 0], pool[:, 1]
+        if g.sink and rows.rolled:
+            shift = (t - (g.context - 1)).clamp(min=0)
             k = k.clone()  # rotate a copy: the pool keeps keys roped at their absolute positions
             sink = k[:, :, : g.sink].transpose(1, 2)  # [B, sink, H, Dh]
             k[:, :, : g.sink] = rope(sink, shift[:, None].expand(-1, g.sink), self.theta).transpose(1, 2)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.duplex.configs import DuplexModelConfig
-from models.duplex.kv_cache import SlotKV
+from models.duplex.kv_cache import SlotKV, StepRows
 from models.world.dit import RMSNorm, rope
 
 PAD, BOS = 0, 1
@@ -182,30 +182,21 @@ class DuplexLM(nn.Module):
         return torch.stack(codes, dim=1)
 
     def step(
-        self,
-        kv: SlotKV,
-        slots: Tensor,
-        t: Tensor,
-        text: Tensor,
-        audio: Tensor,
-        user: Tensor,
-        seeds: Tensor,
-        span: range | None = None,
+        self, kv: SlotKV, rows: StepRows, text: Tensor, audio: Tensor, user: Tensor, seeds: Tensor
     ) -> StepTokens:
-        """One frame of every row: ``slots`` (``span``: the same as a contiguous range, if they
-        are one), positions ``t``, previous ``text [B]`` / ``audio [B, n_q]``, this frame's
-        ``user [B, n_q]`` codes, ``seeds [B]``. Writes each row's KV at ``t`` in place."""
+        """One frame of every row of ``rows``: previous ``text [B]`` / ``audio [B, n_q]``, this
+        frame's ``user [B, n_q]`` codes, ``seeds [B]``. Writes each row's KV at its position in place."""
         x = self.embed(text[:, None], audio[:, None], user[:, None])
-        h = self.temporal_forward(x, t[:, None], lambda layer: _pool_attend(kv, layer, slots, t, span))[:, 0]
-        noise = gumbel_noise(seeds, t, 1, self.cfg.text_vocab)[:, 0]
+        h = self.temporal_forward(x, rows.t[:, None], lambda layer: _pool_attend(kv, layer, rows))[:, 0]
+        noise = gumbel_noise(seeds, rows.t, 1, self.cfg.text_vocab)[:, 0]
         text_out = sample(self.text_head(h), noise, self.cfg.text_temperature)
-        return StepTokens(text_out, self.depth_decode(h, text_out, seeds, t), h)
+        return StepTokens(text_out, self.depth_decode(h, text_out, seeds, rows.t), h)
 
 
-def _pool_attend(kv: SlotKV, layer: int, slots: Tensor, t: Tensor, span: range | None) -> Attend:
+def _pool_attend(kv: SlotKV, layer: int, rows: StepRows) -> Attend:
     def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        kv.write(layer, slots, t, k[:, :, 0], v[:, :, 0])
-        keys, values, mask = kv.read(layer, slots, t, span)
+        kv.write(layer, rows, k[:, :, 0], v[:, :, 0])
+        keys, values, mask = kv.read(layer, rows)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
     return attend

@@ -35,7 +35,7 @@ import torch
 
 from models.duplex.codec import CodecStatePool, StreamingCodec
 from models.duplex.configs import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, ContextPolicy, DuplexModelConfig
-from models.duplex.kv_cache import KVGeometry, SlotKV
+from models.duplex.kv_cache import KVGeometry, SlotKV, StepRows
 from models.duplex.lm import BOS, PAD, DuplexLM, text_piece
 from models.stage import StageItem
 
@@ -211,19 +211,15 @@ class DuplexStage:
         Rows run in slot order, so a batch of consecutive slots reads the KV pool as views."""
         order = sorted(range(len(items)), key=lambda i: items[i].slot)  # type: ignore[arg-type, return-value]
         slot_list: list[int] = [items[i].slot for i in order]  # type: ignore[misc]
-        span = range(slot_list[0], slot_list[-1] + 1)
         steps = self.steps[slot_list]
-        slots = torch.tensor(slot_list, dtype=torch.long, device=self.device)
-        t = torch.from_numpy(steps).to(self.device)
+        rows = StepRows.of(slot_list, steps.tolist(), self.config.context, self.device)
+        slots = rows.slots
         pcm = np.stack([items[i].payload.pcm for i in order])
         with torch.inference_mode():
             state = self.codec_state.gather(slots)
             user, encoder = self.codec.encode(torch.from_numpy(pcm).to(self.device, self.dtype), state)
             prev_text, prev_audio, seeds = self.prev_text[slots], self.prev_audio[slots], self.seeds[slots]
-            contiguous = len(span) == len(slot_list)
-            out = self.lm.step(
-                self.kv, slots, t, prev_text, prev_audio, user[:, :, 0], seeds, span if contiguous else None
-            )
+            out = self.lm.step(self.kv, rows, prev_text, prev_audio, user[:, :, 0], seeds)
             audio, decoder = self.codec.decode(out.audio[:, :, None], state)
             audio_np = audio.float().cpu().numpy()
             text = out.text.cpu().tolist()
@@ -258,10 +254,10 @@ def build_duplex_stage(
     return DuplexStage(config, codec, lm, device, slot_capacity, seed)
 
 
-def measure_step_seconds(stage: DuplexStage, max_batch: int, reps: int = 3) -> dict[int, float]:
-    """Seconds of one steady step at batch 1, 2, 4, ... up to ``max_batch`` (and the slots): the
-    compute side of admission. Runs before the engine owns the slots (it opens and releases
-    them itself); also warms the model up."""
+def measure_step_seconds(stage: Any, max_batch: int, reps: int = 3) -> dict[int, float]:
+    """Seconds of one steady step of a duplex stage (embedded or Moshi) at batch 1, 2, 4, ... up
+    to ``max_batch`` (and the slots): the compute side of admission. Runs before the engine owns
+    the slots (it opens and releases slots ``0 .. b - 1`` itself); also warms the model up."""
     sizes = sorted({min(b, max_batch, stage.slot_capacity) for b in (1, 2, 4, 8, 16, 32, 64, max_batch)})
     seconds: dict[int, float] = {}
     for b in sizes:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from models.duplex.configs import MOSHI_7B, SMALL, TEST, DuplexModelConfig
-from models.duplex.kv_cache import KVGeometry, SlotKV
+from models.duplex.kv_cache import KVGeometry, SlotKV, StepRows
 from models.duplex.lm import BOS, DuplexLM
 from models.duplex.stage import (
     FRAME_SAMPLES,
@@ -43,11 +43,11 @@ def _run_stream(
     text = torch.tensor([BOS])
     audio = torch.full((1, cfg.n_q), lm.start_audio)
     inputs, hidden = [], []
-    slots, seeds = torch.tensor([slot]), torch.tensor([7])
+    seeds = torch.tensor([7])
     for t in range(steps):
         user = torch.randint(0, cfg.codebook_size, (1, cfg.n_q), generator=gen)
         inputs.append(lm.embed(text[:, None], audio[:, None], user[:, None]))
-        out = lm.step(kv, slots, torch.tensor([t]), text, audio, user, seeds)
+        out = lm.step(kv, StepRows.of([slot], [t], cfg.context, "cpu"), text, audio, user, seeds)
         hidden.append(out.hidden)
         text, audio = out.text, out.audio
     return inputs, hidden
