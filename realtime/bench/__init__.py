@@ -14,6 +14,7 @@ SCENARIOS: dict[str, str] = {
     "robot": "realtime.bench.robot",
     "world": "realtime.bench.world",
     "voice": "realtime.bench.voice",
+    "duplex": "realtime.bench.duplex",
 }
 
 

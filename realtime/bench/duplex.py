@@ -1,0 +1,155 @@
+"""``realtime bench duplex``: how many duplex sessions keep the 80 ms frame deadline, lockstep
+batching vs stepping sessions one by one (Moshi's server: one session per forward).
+
+The real duplex stage (``--model``, the embedded ``duplex-small`` by default) steps ``n``
+sessions for ``--periods`` frames, for ``n`` = 1, 2, 4, ... up to ``--max-sessions``:
+
+- **lockstep**: one batched forward of all ``n`` sessions per period (what the duplex kind's frame
+  clock runs); a period meets its deadline when that forward took under the period;
+- **serial**: ``n`` forwards of one session each per period, back to back; session ``i``'s frame
+  is on time when the first ``i + 1`` forwards finished within the period.
+
+Compute only (no sleeping between periods): the figures are the device's, not the loop's. For
+each ``n`` and mode: p50/p99 of the period's compute, and the **continuous-play ratio** per
+session (frames on time / frames; its minimum over sessions is shown). ``max_sessions_<mode>`` is
+the largest ``n`` whose p99 period compute is under the period. Finally the lockstep maximum is
+served through the real ``StageEngine`` + ``FrameClock`` for ``--periods`` frames (late and missed
+steps counted), which adds the scheduler's own overhead.
+
+The last line is one JSON object: ``max_sessions_lockstep``, ``max_sessions_serial``, the step
+time (ms) per batch size and the engine check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from models.duplex.stage import FRAME_MS
+from models.stage import StageItem
+from realtime.config import DuplexConfig
+from realtime.kinds.duplex_model import build_stage
+from sessions.engine import StageEngine
+from sessions.engine.dispatch import FrameClock
+
+PERIOD_S = FRAME_MS / 1000
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _items(stage: Any, n: int) -> list[StageItem]:
+    return [
+        StageItem(f"s{i}", 0, stage.silence(), slot=i, state=stage.open_state(f"s{i}", i)) for i in range(n)
+    ]
+
+
+def run_mode(stage: Any, n: int, periods: int, serial: bool) -> dict[str, float]:
+    """One mode at ``n`` sessions: period compute p50/p99 (ms) and the worst session's on-time ratio."""
+    items = _items(stage, n)
+    stage.forward(items)  # warm-up
+    period_s, on_time = [], [0] * n
+    for _ in range(periods):
+        t0 = time.perf_counter()
+        if serial:
+            for i, item in enumerate(items):
+                stage.forward([item])
+                on_time[i] += time.perf_counter() - t0 <= PERIOD_S
+        else:
+            stage.forward(items)
+            done = time.perf_counter() - t0 <= PERIOD_S
+            on_time = [k + done for k in on_time]
+        period_s.append(time.perf_counter() - t0)
+    for item in items:
+        stage.release_state(item.session_id, item.slot, item.state)
+    return {
+        "p50_ms": 1000 * statistics.median(period_s),
+        "p99_ms": 1000 * _p(period_s, 0.99),
+        "min_continuous_play": min(on_time) / periods,
+    }
+
+
+async def engine_check(stage: Any, n: int, periods: int) -> dict[str, float]:
+    """``n`` sessions through the real engine under the frame clock for ``periods`` frames."""
+    outputs: dict[str, int] = {}
+    clock = FrameClock(
+        PERIOD_S,
+        silence=lambda sid: stage.silence(),
+        on_output=lambda sid, out: outputs.update({sid: outputs.get(sid, 0) + 1}),
+    )
+    engine = StageEngine(stage, registry=CollectorRegistry(), max_batch=n, dispatch=clock, max_sessions=n)
+    for i in range(n):
+        await engine.open(f"e{i}")
+    await asyncio.sleep(periods * PERIOD_S)
+    await engine.close()
+    steps = max(1, clock.steps)
+    return {
+        "sessions": n,
+        "steps": clock.steps,
+        "late_steps": clock.late_steps,
+        "missed_steps": clock.missed_steps,
+        "min_outputs_per_step": min(outputs.values(), default=0) / steps,
+    }
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="realtime bench duplex", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="duplex-small", choices=["duplex-small", "duplex-test", "moshi-test"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-sessions", type=int, default=16)
+    p.add_argument("--periods", type=int, default=25, help="frames per measurement (25 = 2 s of audio)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = p.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    stage = build_stage(DuplexConfig(model=args.model, device=args.device), args.max_sessions)
+    sizes, b = [], 1
+    while b < args.max_sessions:
+        sizes.append(b)
+        b *= 2
+    sizes.append(args.max_sessions)
+    table: dict[str, dict[int, dict[str, float]]] = {"lockstep": {}, "serial": {}}
+    print(f"duplex {args.model} on {args.device}: period {FRAME_MS} ms, {args.periods} frames per point")
+    print(
+        f"{'sessions':>8} | {'lockstep p50/p99 ms':>20} {'play':>5} | {'serial p50/p99 ms':>18} {'play':>5}"
+    )
+    for n in sizes:
+        for mode in table:
+            table[mode][n] = run_mode(stage, n, args.periods, serial=mode == "serial")
+        lo, se = table["lockstep"][n], table["serial"][n]
+        print(
+            f"{n:>8} | {lo['p50_ms']:>9.1f} / {lo['p99_ms']:>7.1f} {lo['min_continuous_play']:>5.2f} | "
+            f"{se['p50_ms']:>7.1f} / {se['p99_ms']:>7.1f} {se['min_continuous_play']:>5.2f}"
+        )
+    best = {
+        mode: max([n for n, r in rows.items() if r["p99_ms"] < FRAME_MS], default=0)
+        for mode, rows in table.items()
+    }
+    check = (
+        asyncio.run(engine_check(stage, max(1, best["lockstep"]), args.periods)) if best["lockstep"] else {}
+    )
+    print(f"max sessions within the deadline: lockstep {best['lockstep']}, serial {best['serial']}")
+    print(f"engine check at {best['lockstep']} sessions: {check}")
+    figures = {
+        "max_sessions_lockstep": best["lockstep"],
+        "max_sessions_serial": best["serial"],
+        "model": args.model,
+        "device": args.device,
+        "period_ms": FRAME_MS,
+        "step_ms_by_batch": {n: round(r["p50_ms"], 2) for n, r in table["lockstep"].items()},
+        "continuous_play_lockstep": {n: r["min_continuous_play"] for n, r in table["lockstep"].items()},
+        "continuous_play_serial": {n: r["min_continuous_play"] for n, r in table["serial"].items()},
+        "engine_check": check,
+    }
+    print(json.dumps(figures))
+    return 0
