@@ -87,8 +87,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+    def forward(self, x: Tensor) -> Tensor:  # x * rsqrt(mean(x^2) + eps) * weight, one fused kernel
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 class SelfAttention(nn.Module):
@@ -107,7 +107,12 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).unbind(2)
         q = apply_rope(self.q_norm(q), angles)
         k = apply_rope(self.k_norm(k), angles)
-        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 1), torch.cat([past[1], v], 1))
+        if past is None:
+            keys, values = k, v
+        else:  # the gathered buffers end with room for this forward's tokens (KVPool.gather)
+            keys, values = past
+            keys[:, -n:] = k
+            values[:, -n:] = v
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
         )
@@ -226,7 +231,9 @@ class CausalDiT(nn.Module):
         ``frame_pos [B, F]`` absolute latent frame indices, ``actions [B, F, action_dim]``,
         ``mask`` bool broadcastable to ``[B, heads, F*T, P + F*T]`` (``None``: every key visible,
         which lets attention use its fastest kernels) where ``P`` is the number of ``past`` tokens
-        per layer (``past[l] = (K, V)`` each ``[B, P, heads, head_dim]``).
+        per layer (``past[l] = (K, V)`` each ``[B, P + F*T, heads, head_dim]``: the cached tokens,
+        then room the forward overwrites with its own tokens' K/V, as ``KVPool.gather(...,
+        room=F*T)`` returns them).
         Returns ``x0 [B, F, C, H, W]`` and each layer's roped ``(K, V)`` of the input tokens.
         """
         b, f = x.shape[:2]

@@ -15,8 +15,10 @@ Contract:
 - ``open(session_id, slot=None)`` -> slot (raises ``KVPoolFull``); with ``slot`` the index is
   the stage engine's (the engine owns slot allocation); ``release(session_id)`` frees it
   (idempotent); ``clear(session_id)`` empties its frames (reset).
-- ``gather(sessions, block_start)`` -> per-layer past ``(K, V)`` ``[B, R*T, H, D]`` and a key
-  mask ``[B, R*T]`` of the frames visible to a block starting at ``block_start`` (per session).
+- ``gather(sessions, block_start, room)`` -> per-layer past ``(K, V)`` ``[B, R*T + room, H, D]``
+  (fresh buffers: the slots' frames, then ``room`` rows the forward writes its own tokens' K/V
+  into, so attention reads one buffer and nothing is concatenated per pass) and a key mask
+  ``[B, R*T]`` of the frames visible to a block starting at ``block_start`` (per session).
 - ``commit(sessions, block_start, kv)`` writes a block's clean-pass K/V (the only writer).
 - denoise passes never write: the pool is read-only until ``commit``.
 """
@@ -163,16 +165,26 @@ class KVPool:
         g = self.geometry
         return frame if frame < g.sink_frames else g.sink_frames + (frame - g.sink_frames) % g.window_frames
 
-    def gather(self, sessions: Sequence[str], block_starts: Sequence[int]) -> tuple[list[KV], Tensor]:
-        """Past K/V per layer ``[B, R*T, H, D]`` and the visible-key mask ``[B, R*T]``."""
+    def gather(
+        self, sessions: Sequence[str], block_starts: Sequence[int], room: int = 0
+    ) -> tuple[list[KV], Tensor]:
+        """Past K/V per layer ``[B, R*T + room, H, D]`` and the visible-key mask ``[B, R*T]``."""
         g = self.geometry
-        slots = torch.tensor(self.slot_ids(sessions), dtype=torch.long)
+        ids = self.slot_ids(sessions)
+        slots = torch.tensor(ids, dtype=torch.long)
         pos = self.frame_pos[slots]  # [B, R]
         start = torch.tensor(block_starts, dtype=torch.long)[:, None]
         visible = (pos >= 0) & (pos < start) & ((pos < g.sink_frames) | (pos >= start - g.window_frames))
         mask = visible.repeat_interleave(g.tokens_per_frame, dim=1).to(self.k.device)
-        idx = slots.to(self.k.device)
-        past = [(self.k[layer, idx], self.v[layer, idx]) for layer in range(g.layers)]
+        resident = self.k.shape[2]
+        past = []
+        for layer in range(g.layers):
+            k = self.k.new_empty(len(ids), resident + room, *self.k.shape[3:])
+            v = self.v.new_empty(k.shape)
+            for row, slot in enumerate(ids):  # slice copies: one pass over the bytes, no index temp
+                k[row, :resident].copy_(self.k[layer, slot])
+                v[row, :resident].copy_(self.v[layer, slot])
+            past.append((k, v))
         return past, mask
 
     def commit(self, sessions: Sequence[str], block_starts: Sequence[int], kv: list[KV]) -> None:

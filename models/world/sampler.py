@@ -66,7 +66,7 @@ class FlowSampler:
         (``None`` when every key is visible; reused by ``commit``). ``cross`` overrides the pool's cross-attention K/V (prompt change)."""
         cfg, fpb = self.cfg, self.cfg.frames_per_block
         ids, starts, pos, actions = self._inputs(reqs)
-        past, key_mask = self.pool.gather(ids, starts)
+        past, key_mask = self.pool.gather(ids, starts, room=fpb * cfg.tokens_per_frame)
         cross = self.pool.cross(ids) if cross is None else cross
         b = len(reqs)
         mask = torch.cat([key_mask, key_mask.new_ones(b, fpb * cfg.tokens_per_frame)], 1)[:, None, None, :]

@@ -57,7 +57,8 @@ def test_cached_forward_equals_full_masked_recompute_per_forward():
             cfg.latent_width,
             dtype=torch.float64,
         )
-        past, key_mask = model.pool.gather(["s"], [b * cfg.frames_per_block])
+        room = cfg.frames_per_block * cfg.tokens_per_frame
+        past, key_mask = model.pool.gather(["s"], [b * cfg.frames_per_block], room=room)
         mask = torch.cat([key_mask, key_mask.new_ones(1, cfg.frames_per_block * cfg.tokens_per_frame)], 1)[
             :, None, None
         ]
