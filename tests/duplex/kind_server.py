@@ -24,7 +24,9 @@ from models.duplex.stage import FRAME_SAMPLES, DuplexOutput
 from realtime.config import config_from_mapping
 from realtime.kinds import duplex as duplex_kind
 from realtime.kinds import duplex_model
+from realtime.protocols.oai_realtime import Dialect
 from tests.serving import serve_in_process
+from tests.voice.realtime_client import Events
 
 Speak = Callable[[int], bool]
 
@@ -89,12 +91,13 @@ async def duplex_server(
         yield base.replace("http://", "ws://"), service, (scripted[-1] if scripted else None)
 
 
-class Client:
-    """One duplex socket; every frame must be JSON with ``epoch`` and ``server_event_seq``."""
+class Client(Events):
+    """One duplex socket; every frame must be JSON with ``epoch`` and ``server_event_seq``
+    (``until`` is the voice tests' own)."""
 
     def __init__(self, ws: websockets.ClientConnection) -> None:
+        super().__init__(ws, Dialect.GA)
         self.ws = ws
-        self.seen: list[dict] = []
 
     async def next(self, timeout: float = 10.0) -> dict:
         frame = await asyncio.wait_for(self.ws.recv(), timeout)
@@ -104,18 +107,10 @@ class Client:
         self.seen.append(event)
         return event
 
-    async def until(self, kind: str, timeout: float = 10.0) -> list[dict]:
-        out, deadline = [], time.monotonic() + timeout
-        while True:
-            event = await self.next(max(0.01, deadline - time.monotonic()))
-            out.append(event)
-            if event["type"] == kind:
-                return out
-
-    async def quiet(self, seconds: float) -> list[dict]:
-        out = []
+    async def during(self, seconds: float) -> list[dict]:
+        """Everything that arrives within the next ``seconds`` (a duplex model never goes quiet)."""
+        out, deadline = [], time.monotonic() + seconds
         with contextlib.suppress(TimeoutError):
-            deadline = time.monotonic() + seconds
             while True:
                 out.append(await self.next(max(0.001, deadline - time.monotonic())))
         return out

@@ -57,7 +57,7 @@ async def test_lockstep_steps_every_session_in_one_batch_each_period(monkeypatch
                 for client in (a, b, c):
                     ids.add((await client.next())["session"]["id"])
                 start = len(stage.batches)
-                got = await asyncio.gather(*(client.quiet(1.2) for client in (a, b, c)))
+                got = await asyncio.gather(*(client.during(1.2) for client in (a, b, c)))
         batches = stage.batches[start:-2]  # the last steps ran while the sockets closed
         assert len(batches) >= 8
         assert all(set(sessions) == ids for _, sessions, _ in batches), "every step batches all sessions"

@@ -99,7 +99,7 @@ async def test_a_stalled_client_does_not_delay_the_other_sessions_frames(monkeyp
 
                 service.sessions[stalled_id].attachment.conn.ws.send_text = never
                 start = len(stage.batches)
-                got = await asyncio.gather(a.quiet(2.5), b.quiet(2.5))
+                got = await asyncio.gather(a.during(2.5), b.during(2.5))
                 during = stage.batches[start:]
                 assert stalled_id not in service.sessions, "the stalled connection ended (send timeout)"
                 assert len(service.manager) == 2

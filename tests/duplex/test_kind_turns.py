@@ -19,7 +19,7 @@ async def test_barge_in_advances_the_epoch_and_no_old_epoch_audio_follows(monkey
         assert done["response"]["status_details"]["reason"] == "turn_detected"
         assert done["epoch"] == 1
         assert "input_audio_buffer.speech_started" in [e["type"] for e in before]
-        after = await c.quiet(0.8)
+        after = await c.during(0.8)
         assert after[0]["type"] == "response.listen"
         assert not [e for e in after if e["type"].startswith("response.output_audio") and e["epoch"] == 0]
         # the model never chose to listen: it stays muted (a new response needs listen -> speak)
@@ -34,7 +34,7 @@ async def test_response_cancel_is_a_client_barge_in(monkeypatch) -> None:
         await c.send(type="response.cancel")
         done = (await c.until("response.done"))[-1]
         assert done["response"]["status_details"]["reason"] == "client_cancelled" and done["epoch"] == 1
-        assert not [e for e in await c.quiet(0.5) if e["type"] == "response.output_audio.delta"]
+        assert not [e for e in await c.during(0.5) if e["type"] == "response.output_audio.delta"]
 
 
 async def test_playback_ack_commits_history_only_up_to_what_was_played(monkeypatch) -> None:
