@@ -202,6 +202,13 @@ class VoiceConfig:
     max_conversation_items: PositiveInt = 256
     llm_context_tokens: PositiveInt = 2048
     llm_workers: PositiveInt = 4
+    llm_backend: Literal["transformers", "vllm"] = "transformers"
+    vllm_model_dir: str = ""  # "": the SmolLM2 safetensors the transformers backend converts
+    vllm_kv_cache_memory_bytes: PositiveInt = 1 << 30
+    vllm_max_model_len: PositiveInt = 2048
+    vllm_enforce_eager: bool = False
+    vllm_block_size: PositiveInt = 32  # the CPU default (128) misses prefix hits on short turns
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     torch_threads: NonNegativeInt = 1
     max_batch: PositiveInt = 8
     vad_coalesce_window_s: NonNegativeFloat = 0.002
@@ -216,7 +223,7 @@ class DuplexConfig:
     speech model steps every session together each 80 ms (docs/protocols/duplex.md)."""
 
     enabled: bool = False
-    model: Literal["duplex-small", "duplex-test", "moshi-test", "moshi"] = "duplex-small"
+    model: Literal["duplex-small", "duplex-test", "moshi-7b-shaped", "moshi-test", "moshi"] = "duplex-small"
     weights: str | None = None  # model "moshi": a local folder with Moshi's weight files
     device: str = "cpu"
     seed: int = 0

@@ -102,7 +102,11 @@ async def engine_check(stage: Any, n: int, periods: int) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="realtime bench duplex", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="duplex-small", choices=["duplex-small", "duplex-test", "moshi-test"])
+    p.add_argument(
+        "--model",
+        default="duplex-small",
+        choices=["duplex-small", "duplex-test", "moshi-7b-shaped", "moshi-test"],
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-sessions", type=int, default=16)
     p.add_argument("--periods", type=int, default=25, help="frames per measurement (25 = 2 s of audio)")
