@@ -46,4 +46,5 @@ def test_prompt_uses_transcripts_skips_empty_items_and_follows_a_selection():
         ChatMessage("assistant", "Paris."),
     )
     selection = (ItemReference("a"), ItemReference("deleted"), FunctionCallOutput("f", "call_1", "42"))
-    assert [m.content for m in c.prompt("sys", selection)] == ["sys", "Paris.", "(function result: 42)"]
+    prompt = c.prompt("sys", selection)
+    assert [m.content for m in prompt] == ["sys", "Paris.", "42"] and prompt[-1].role == "tool"

@@ -137,7 +137,7 @@ async def test_session_update_merges_and_errors_keep_the_socket_open(server):
             ),
             ('{"type": "conversation.item.retrieve", "item_id": "item_missing"}', "item_not_found"),
             (
-                '{"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}}',
+                '{"type": "session.update", "session": {"type": "realtime", "prompt": {"id": "pmpt_1"}}}',
                 "unsupported_feature",
             ),
         ):

@@ -68,7 +68,10 @@ CONFIGS = (
         tracing={"workflow_name": "demo", "metadata": {"a": 1}},
     ),
     SessionConfig(
-        model="gpt-4o-realtime-preview", turn_detection=SemanticVad("high"), tool_choice="required"
+        model="gpt-4o-realtime-preview",
+        turn_detection=SemanticVad("high"),
+        tools=(TOOL,),
+        tool_choice="required",
     ),
     SessionConfig(
         model="gpt-4o-realtime-preview", turn_detection=ServerVad(idle_timeout_ms=6000), tracing="auto"

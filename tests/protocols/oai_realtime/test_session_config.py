@@ -467,3 +467,38 @@ def test_apply_update_raises_param_error_directly():
     with pytest.raises(ParamError) as exc:
         apply_update(DEFAULTS, {"speed": "fast"}, Dialect.BETA, defaults=DEFAULTS, limits=Limits())
     assert exc.value.rejected.param == "session.speed"
+
+
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
+def test_a_forcing_tool_choice_needs_the_tool_it_forces(dialect):
+    c = codec(dialect)
+    base = {"type": "realtime"} if dialect is Dialect.GA else {}
+    named = {"type": "function", "name": "get_time"} if dialect is Dialect.GA else "get_time"
+    for choice, message in (
+        (named, "Tool choice 'function' with name 'get_time' not found in 'tools' parameter."),
+        (
+            "required",
+            "Invalid value for 'session.tool_choice': 'required' needs at least one function in 'tools'.",
+        ),
+    ):
+        rejected = update(c, {**base, "tool_choice": choice})
+        assert isinstance(rejected, Rejected)
+        assert (rejected.code, rejected.param, rejected.message) == (
+            "invalid_value",
+            "session.tool_choice",
+            message,
+        )
+    tool = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
+    accepted = update(c, {**base, "tools": [tool], "tool_choice": named})
+    assert accepted.config.tool_choice == ToolChoiceFunction("get_time")
+    assert isinstance(update(c, {**base, "tools": []}), Rejected)  # the forced tool cannot go away
+    assert c.config.tools == (FunctionTool("get_time", "", {"type": "object"}),)
+
+
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
+def test_semantic_vad_is_accepted_when_the_codec_serves_it(dialect):
+    vad = {"type": "semantic_vad", "eagerness": "low"}
+    session = ga_input(turn_detection=vad) if dialect is Dialect.GA else {"turn_detection": vad}
+    assert update(codec(dialect), session).code == "unsupported_feature"
+    config = update(codec(dialect, semantic_vad=True), session).config
+    assert config.turn_detection == SemanticVad(eagerness="low")
