@@ -199,17 +199,13 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _state_array(key: str, raw: Any) -> np.ndarray:
-    value = raw
-    if type(raw) is not np.ndarray:  # the OpenPI codec decodes to ndarrays: nothing to convert then
-        try:
-            value = np.asarray(raw)
-        except (ValueError, TypeError, OverflowError):  # ragged nested lists, unconvertible objects
-            raise ObservationError(
-                f"state {key!r} must be a numeric array, got a {type(raw).__name__} that is not one (ragged?)"
-            ) from None
-    if value.dtype.kind not in "biuf":
-        raise ObservationError(f"state {key!r} must be a numeric array, got dtype {value.dtype.str}")
-    return value
+    """A state value that is not an ndarray already (the OpenPI codec decodes to ndarrays) as one."""
+    try:
+        return np.asarray(raw)
+    except (ValueError, TypeError, OverflowError):  # ragged nested lists, unconvertible objects
+        raise ObservationError(
+            f"state {key!r} must be a numeric array, got a {type(raw).__name__} that is not one (ragged?)"
+        ) from None
 
 
 def _state(preset: Preset, observation: Mapping[str, Any]) -> np.ndarray:
@@ -217,10 +213,16 @@ def _state(preset: Preset, observation: Mapping[str, Any]) -> np.ndarray:
     for spec in preset.state:
         if spec.key not in observation:
             raise ObservationError(f"missing state key {spec.key!r} (preset {preset.name})")
-        value = _state_array(spec.key, observation[spec.key])
-        scalar_ok = spec.size == 1 and value.ndim == 0
-        size_ok = value.size == spec.size if spec.exact else 1 <= value.size <= spec.size
-        if not scalar_ok and not (value.ndim == 1 and size_ok):
+        value = observation[spec.key]
+        if type(value) is not np.ndarray:
+            value = _state_array(spec.key, value)
+        if value.dtype.kind not in "biuf":
+            raise ObservationError(f"state {spec.key!r} must be a numeric array, got dtype {value.dtype.str}")
+        if value.ndim == 1:
+            shape_ok = value.size == spec.size if spec.exact else 1 <= value.size <= spec.size
+        else:
+            shape_ok = spec.size == 1 and value.ndim == 0
+        if not shape_ok:
             raise ObservationError(
                 f"state {spec.key!r} must have {spec.rule} (preset {preset.name}), got shape {list(value.shape)}"
             )

@@ -133,10 +133,10 @@ _STRING_DTYPE = re.compile(r"([<>|=]?)([US])([1-9][0-9]{0,4})")
 
 
 def _dtype(raw: Any) -> np.dtype:
-    if type(raw) is str:  # what openpi-client sends: one table look-up (every key is <= MAX_DTYPE_CHARS)
-        dtype = _DTYPES.get(raw)
-        if dtype is not None:
-            return dtype
+    try:  # what openpi-client sends: a str in the table (every key is <= MAX_DTYPE_CHARS)
+        return _DTYPES[raw]
+    except (KeyError, TypeError):  # TypeError: an unhashable value, refused below
+        pass
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("ascii")
