@@ -460,9 +460,14 @@ class StageEngine:
         ready.sort(key=lambda w: w.arrived)
         return ready, idle
 
-    def _view(self, now: float, ready: list[_Work] | None = None) -> SessionView:
-        """What the policy decides on; at a submit (``ready`` None) only the counts matter."""
-        idle = tuple(session_id for session_id, entry in self._sessions.items() if not entry.pending)
+    def _view(
+        self, now: float, ready: list[_Work] | None = None, idle: Sequence[str] | None = None
+    ) -> SessionView:
+        """What the policy decides on; at a submit (``ready`` None) only the counts matter.
+        ``idle``: the sessions with nothing pending, when the caller has them (``_ready``)."""
+        if idle is None:
+            idle = [session_id for session_id, entry in self._sessions.items() if not entry.pending]
+        idle = tuple(idle)
         if ready is None:
             return SessionView(now, len(self._sessions) - len(idle), len(idle), None, self.max_batch, idle)
         oldest = ready[0].arrived if ready else None
@@ -488,7 +493,7 @@ class StageEngine:
         if not ready and policy.silence is None:
             return
         loop = asyncio.get_running_loop()
-        decision = policy.decide(self._view(loop.time(), ready))
+        decision = policy.decide(self._view(loop.time(), ready, idle))
         if decision is not None:
             self._timer = loop.call_at(decision, self._dispatch)
             return
