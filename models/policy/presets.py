@@ -296,7 +296,7 @@ def canonicalize(
         source = observation.get(preset.images_key)
         if not isinstance(source, Mapping):
             raise ObservationError(f"{preset.images_key!r} must be a map of camera name to image")
-        if not all(isinstance(k, str) for k in source):
+        if not all_str(source):
             raise ObservationError(f"{preset.images_key!r} keys must be camera names (strings)")
         known = preset.accepted_cameras
         if not known.issuperset(source):
