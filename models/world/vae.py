@@ -100,10 +100,12 @@ class CausalDecoder(nn.Module):
         x, c2 = self.conv_mid(F.silu(x), state.caches[2])
         t = x.shape[2]
         y = F.silu(x).permute(0, 2, 1, 3, 4).reshape(b * t, -1, h, w)
+        if y.device.type == "cpu":  # channels-last: CPU convs at the full-resolution levels run faster
+            y = y.contiguous(memory_format=torch.channels_last)
         for conv in self.ups:
             y = F.silu(conv(F.interpolate(y, scale_factor=2.0, mode="nearest")))
         rgb = torch.sigmoid(self.to_rgb(y))
-        return rgb.view(b, t, 3, rgb.shape[-2], rgb.shape[-1]), DecoderState([c0, c1, c2], first=False)
+        return rgb.reshape(b, t, 3, rgb.shape[-2], rgb.shape[-1]), DecoderState([c0, c1, c2], first=False)
 
 
 def stack_states(states: list[DecoderState]) -> DecoderState:

@@ -410,9 +410,18 @@ class _WorldHandler:
         generation, ahead_ms, lead = conn.epoch, pacer.ahead_s(now) * 1000, pacer.lead_s()
         lead_ms = None if lead is None else lead * 1000
         conn.spawn(
-            session.next_tick(self.payload),
+            self._tick(conn, session, generation),
             lambda result, error: _TickDone(generation, result, error, now, ahead_ms, lead_ms),
         )
+
+    async def _tick(self, conn: Connection, session: Any, generation: int) -> Any:
+        """The spawned tick. A reset handled between the spawn and this task's first step would
+        otherwise find no tick to cut and let this one wait on the session's tick lock and then
+        run as the new world's chunk 0 (dropped here as the old epoch's), so the next chunk the
+        client saw was chunk 1: an epoch moved on before the tick started drops it unstarted."""
+        if generation != conn.epoch:
+            raise TickSupersededError("the session was reset before the tick started")
+        return await session.next_tick(self.payload)
 
     def _wake_in(self, conn: Connection, delay_s: float) -> None:
         """(Re)arm the one pacing timer: it posts a fresh ``_Wake`` to the runner."""
