@@ -25,9 +25,12 @@ export function withKey(path, params = {}) {
   return url.pathname + url.search;
 }
 
+/** ws://host or wss://host of this server. */
+export const wsOrigin = (location.protocol === "https:" ? "wss://" : "ws://") + location.host;
+
 /** The websocket URL of `path` on this server (same host; the key in the query). */
 export function wsUrl(path, params = {}) {
-  return (location.protocol === "https:" ? "wss://" : "ws://") + location.host + withKey(path, params);
+  return wsOrigin + withKey(path, params);
 }
 
 /** GET a JSON document of this server; throws an Error with a readable message. */

@@ -28,8 +28,9 @@ FLAGS = [
     "--use-fake-ui-for-media-stream",
     "--use-fake-device-for-media-stream",
 ]
-# the fake microphone: the question, then long enough a silence for the answer to play out
-MIC_LEAD_S, MIC_TAIL_S = 0.5, 9.0
+# the fake microphone: the question, then a silence long enough for its answer to play out and
+# short enough that the next loop speaks over a longer answer (the voice page's barge-in test)
+MIC_LEAD_S, MIC_TAIL_S = 0.5, 7.0
 
 
 def write_mic_wav(path: Path) -> Path:

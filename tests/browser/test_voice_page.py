@@ -1,0 +1,78 @@
+"""The voice page (``clients/web/voice.html``) in headless Chromium against the real voice server
+(Silero VAD, Whisper-base, SmolLM2, hibari) over loopback, with an API key configured.
+
+Chromium's fake microphone plays the spoken question (``tests/browser/conftest.py``: hibari voice,
+then silence, looped). The page connects with the ``realtime`` subprotocol and the key as the
+``openai-insecure-api-key.<key>`` subprotocol, streams the microphone through its AudioWorklet,
+and the server's VAD turn gets a spoken answer: the user transcript names the question's words,
+the assistant transcript the answer's, audio deltas are played and the latency readout shows.
+Then a typed request for a story plays while the microphone's next loop speaks over it (the
+server has usually finished generating by then: the interruption is the page's): playback is
+cleared at once, ``conversation.item.truncate`` is sent with what was heard, the server confirms
+it and the line is marked interrupted. The console stays clean. One server for the module.
+"""
+
+from __future__ import annotations
+
+import pytest
+import pytest_asyncio
+
+from tests.browser.conftest import open_page
+from tests.voice.realtime_client import API_KEY, voice_server
+
+async_api = pytest.importorskip("playwright.async_api", reason="Python Playwright is not installed")
+pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
+
+BARGE_IN_ATTEMPTS = 3
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def base():
+    async with voice_server() as (url, _):
+        yield url.replace("ws://", "http://").removesuffix("/v1")
+
+
+async def test_voice_page_answers_the_spoken_question_and_barge_in_truncates(browser, base, tmp_path):
+    async with open_page(browser, tmp_path / "voice-page.png") as (page, console):
+        await page.goto(f"{base}/demo/voice?api_key={API_KEY}")
+        await page.click("#start")  # a user gesture: the AudioContext may start
+        await page.wait_for_function("window.voiceStats.state === 'listening'", timeout=30_000)
+        await page.wait_for_function(
+            "window.voiceStats.responses.some((r) => r.status === 'completed')", timeout=150_000
+        )
+        await page.wait_for_timeout(500)  # the answer is playing
+        turn = await page.evaluate("window.voiceStats")
+        transcript = await page.locator("#transcript").inner_text()
+        readout = await page.locator("#latency").inner_text()
+
+        # a long answer, spoken over by the microphone's next loop of the question; when the loop
+        # came before its audio (the server cancels it: nothing to truncate), ask again
+        for _ in range(BARGE_IN_ATTEMPTS):
+            await page.wait_for_function("window.voiceStats.activeResponse === null", timeout=60_000)
+            await page.fill("#text", "Tell me a long story about a brave knight, a dragon and a castle.")
+            await page.click("#send")
+            try:
+                await page.wait_for_function("window.voiceStats.truncated.length >= 1", timeout=30_000)
+                break
+            except async_api.TimeoutError:
+                continue
+        cut = await page.evaluate("window.voiceStats")
+        interrupted = await page.locator("#transcript li.cut").count()
+
+    assert turn["appended"] > 20 and turn["speechStarted"] >= 1 and turn["speechStopped"] >= 1
+    assert any(all(w in t.lower() for w in ("capital", "france")) for t in turn["userTranscripts"]), turn
+    answers = " ".join(turn["assistantTranscripts"].values()).lower()
+    assert "paris" in answers, answers
+    assert turn["audioDeltas"] > 0 and 0 < turn["firstAudioMs"][0] < 60_000
+    assert turn["firstPlaybackMs"][0] >= turn["firstAudioMs"][0]
+    assert "capital" in transcript.lower() and "ms" in readout
+    # barge-in: playback cleared at once, truncate sent with what was heard and confirmed
+    assert cut["bargeIns"] >= 1 and cut["queuedAfterClearMs"] == 0
+    sent = cut["truncates"][0]
+    assert (
+        sent["audio_end_ms"] >= 0
+        and {"item_id": sent["item_id"], "audio_end_ms": sent["audio_end_ms"]} in cut["truncated"]
+    )
+    assert interrupted >= 1
+    assert cut["errors"] == [] and console.errors == [], (cut["errors"], console.errors)
+    assert (tmp_path / "voice-page.png").stat().st_size > 0
