@@ -57,7 +57,11 @@ def rope_angles(positions: Tensor, head_dim: int, theta: float, dtype: torch.dty
     half = head_dim // 2
     freqs = theta ** (-torch.arange(half, dtype=torch.float64, device=positions.device) / half)
     angles = positions.to(torch.float64)[..., None] * freqs  # [B, N, half]
-    return angles.cos().to(dtype)[:, :, None, :], angles.sin().to(dtype)[:, :, None, :]
+    cos, sin = angles.cos(), angles.sin()
+    # full width, so a rotation is x * cos + swap_halves(x) * sin: fewer kernels per call
+    return torch.cat([cos, cos], -1).to(dtype)[:, :, None, :], torch.cat([-sin, sin], -1).to(dtype)[
+        :, :, None, :
+    ]
 
 
 def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
@@ -66,11 +70,11 @@ def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
 
 
 def apply_rope(x: Tensor, angles: tuple[Tensor, Tensor]) -> Tensor:
-    """Rotate ``x [B, N, H, D]`` by precomputed :func:`rope_angles`."""
+    """Rotate ``x [B, N, H, D]`` by precomputed :func:`rope_angles`: the halves ``(x1, x2)``
+    become ``(x1 cos - x2 sin, x2 cos + x1 sin)``."""
     cos, sin = angles
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return torch.addcmul(x * cos, torch.cat([x[..., half:], x[..., :half]], dim=-1), sin)
 
 
 def timestep_embedding(sigma: Tensor, dim: int) -> Tensor:
@@ -171,12 +175,12 @@ class DiTBlock(nn.Module):
         def per_frame(t: Tensor) -> Tensor:
             return t.view(b, f, -1, t.shape[-1])
 
-        h = (per_frame(self.norm1(x)) * (1 + scale1) + shift1).view_as(x)
+        h = torch.addcmul(shift1, per_frame(self.norm1(x)), 1 + scale1).view_as(x)
         h, kv = self.attn(h, angles, mask, past)
-        x = (per_frame(x) + gate1 * per_frame(h)).view_as(x)
+        x = torch.addcmul(per_frame(x), gate1, per_frame(h)).view_as(x)
         x = x + self.cross(self.norm_cross(x), cross_kv)
-        h = (per_frame(self.norm2(x)) * (1 + scale2) + shift2).view_as(x)
-        x = (per_frame(x) + gate2 * per_frame(self.mlp(h))).view_as(x)
+        h = torch.addcmul(shift2, per_frame(self.norm2(x)), 1 + scale2).view_as(x)
+        x = torch.addcmul(per_frame(x), gate2, per_frame(self.mlp(h))).view_as(x)
         return x, kv
 
 
@@ -247,7 +251,7 @@ class CausalDiT(nn.Module):
             tokens, kv = blk(tokens, cond, angles, mask, cross_kv[i], None if past is None else past[i])
             new_kv.append(kv)
         shift, scale = self.mod_out(F.silu(cond))[:, :, None, :].chunk(2, dim=-1)
-        out = (self.norm_out(tokens).view(b, f, tpf, -1) * (1 + scale) + shift).view_as(tokens)
+        out = torch.addcmul(shift, self.norm_out(tokens).view(b, f, tpf, -1), 1 + scale).view_as(tokens)
         out = self.proj_out(out)
         velocity = self.unpatchify(out, f)
         return x - sigma[:, :, None, None, None] * velocity, new_kv
