@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,6 @@ from models.stage import StageItem
 from models.voice.llm import (
     DEFAULT_SYSTEM_PROMPT,
     ChatError,
-    ChatMessage,
     ChatUsage,
     UnknownConversation,
     fit_prompt,
@@ -124,21 +124,35 @@ class VllmChat:
         self.kv_bytes_per_token = 2 * layers * kv_heads * model.get_head_size() * model.dtype.itemsize
         self.kv_pool_tokens = settings.kv_cache_memory_bytes // self.kv_bytes_per_token
 
-    def prompt_ids(self, messages: Sequence[ChatMessage], max_new_tokens: int) -> list[int]:
-        """The conversation rendered with the chat template, fitted to ``max_model_len``."""
+    def prompt_ids(self, request: ChatRequest) -> list[int]:
+        """The request's conversation rendered with the chat template (its tools offered, its
+        prefill at the end), fitted to ``max_model_len`` with room for the reply."""
         return fit_prompt(
-            self.tokenizer, messages, self.system_prompt, self.settings.max_model_len - max_new_tokens
+            self.tokenizer,
+            request.messages,
+            self.system_prompt,
+            self.settings.max_model_len - request.max_new_tokens,
+            tools=request.tools,
+            prefill=request.prefill,
         )
 
     def sampling(self, request: ChatRequest) -> Any:
-        """The request's ``SamplingParams``: text deltas (``DELTA``), detokenized incrementally by vLLM."""
-        greedy = request.temperature <= 0
+        """The request's ``SamplingParams``: text deltas (``DELTA``), detokenized incrementally by
+        vLLM. A forced call (``request.choices``) is constrained to start with one of the choices
+        (vLLM structured outputs, a regex), free after it: greedy there, as the transformers
+        backend's constrained decoding."""
+        greedy = request.temperature <= 0 or bool(request.choices)
+        constrained = None
+        if request.choices:
+            heads = "|".join(re.escape(c) for c in request.choices)
+            constrained = self._vllm.sampling_params.StructuredOutputsParams(regex=f"(?:{heads})[\\s\\S]*")
         return self._vllm.SamplingParams(
             max_tokens=request.max_new_tokens,
             temperature=0.0 if greedy else request.temperature,
             top_p=1.0 if greedy else self.top_p,
             output_kind=self._vllm.sampling_params.RequestOutputKind.DELTA,
             skip_special_tokens=True,
+            structured_outputs=constrained,
         )
 
     def generate(self, prompt: list[int], params: Any, request_id: str) -> AsyncIterator[Any]:
@@ -205,7 +219,7 @@ class VllmLlmStage:
         request: ChatRequest = item.payload
         session_id = item.session_id
         self.last_usage(session_id)  # UnknownConversation before any work
-        prompt = await asyncio.to_thread(self.chat.prompt_ids, request.messages, request.max_new_tokens)
+        prompt = await asyncio.to_thread(self.chat.prompt_ids, request)
         request_id = item.request_id or uuid.uuid4().hex
         engine_id = f"{session_id}:{request_id}"
         self._live[request_id] = engine_id
@@ -226,6 +240,8 @@ class VllmLlmStage:
                     self._note(session_id, usage)
                     if completion.text:
                         yield reply.push(completion.text)
+                        if reply.complete:  # a forced call is done: nothing after it is wanted
+                            break
             if request_id in self._live:
                 yield reply.finish(usage)
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import sys
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from models.stage import StageItem
 from models.voice.llm import ChatMessage, UnknownConversation
 from models.voice.stages import ChatRequest, ReplyText
+from models.voice.tool_calls import CallDone, CallStarted, ToolSpec
 from realtime.config import config_from_mapping
 from realtime.kinds import voice_llm
 from realtime.protocols.oai_realtime import Dialect
@@ -139,13 +141,12 @@ async def test_streams_text_chunks_with_clauses_and_usage_last(stage, vllm_chat)
     chunks = await _collect(stage, _item("s-stream", "r1", question, max_new_tokens=24))
     *pieces, last = chunks
     assert pieces and all(c.text and c.usage is None for c in pieces)
-    assert last.text == "" and last.usage is not None
-    prompt = vllm_chat.prompt_ids([SYSTEM, question], 24)
-    assert last.usage.prompt_tokens == len(prompt)
+    assert last.usage is not None
+    assert last.usage.prompt_tokens == len(vllm_chat.prompt_ids(ChatRequest((SYSTEM, question), 24)))
     assert 0 < last.usage.generated_tokens <= 24
     assert stage.last_usage("s-stream") == last.usage
     spoken = " ".join(c for chunk in chunks for c in chunk.clauses)
-    assert spoken.split() == "".join(c.text for c in pieces).split()  # every word reaches the TTS
+    assert spoken.split() == "".join(c.text for c in chunks).split()  # every word reaches the TTS
     stage.release_state("s-stream", 0, None)
     with pytest.raises(UnknownConversation):
         await _collect(stage, _item("s-stream", "r2", question))
@@ -212,7 +213,7 @@ async def test_concurrent_conversations_decode_together_each_with_its_own_usage(
         async for chunk in stage.stream(item):
             arrivals.append(session)
             chunks.append(chunk)
-        return len(vllm_chat.prompt_ids([SYSTEM, question], 32)), chunks[-1].usage
+        return len(vllm_chat.prompt_ids(item.payload)), chunks[-1].usage
 
     results = await asyncio.gather(*(one(i, s) for i, s in enumerate(sessions)))
     for (prompt_tokens, usage), session in zip(results, sessions, strict=True):
@@ -221,6 +222,31 @@ async def test_concurrent_conversations_decode_together_each_with_its_own_usage(
     # continuous batching: the streams interleave rather than running one after another
     first_done = max(i for i, s in enumerate(arrivals) if s == sessions[0])
     assert any(s != sessions[0] for s in arrivals[:first_done])
+
+
+@needs_vllm
+@session_loop
+async def test_a_forced_tool_call_starts_with_its_name_and_stops_when_done(stage):
+    weather = ToolSpec(
+        "get_weather",
+        "The weather in a city.",
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    )
+    stage.open_state("s-tool", 0)
+    item = _item(
+        "s-tool",
+        "r-tool",
+        ChatMessage("user", "Weather in Paris?"),
+        forced_tools=(weather,),
+        max_new_tokens=48,
+    )
+    chunks = await _collect(stage, item)
+    calls = [call for chunk in chunks for call in chunk.calls]
+    assert isinstance(calls[0], CallStarted) and calls[0].name == "get_weather"  # constrained decoding
+    (done,) = [call for call in calls if isinstance(call, CallDone)]
+    assert set(json.loads(done.arguments)) == {"city"}  # conformed to the schema
+    assert "<tool_call>" not in "".join(c.text for c in chunks)  # markup never reaches speech
+    assert chunks[-1].usage is not None
 
 
 @needs_vllm
