@@ -19,8 +19,13 @@ streams a spoken question (synthesized offline by the hibari voice, with silence
    vs TTS only after the full reply (the same server with the LLM stage's ``chunked`` off; the
    ``voice.chunked_tts: false`` setting), as a ratio.
 
+4. **vLLM vs transformers** (``--llm-backends``; vllm by default when it is installed): a second
+   server on ``voice.llm_backend: vllm`` (same SmolLM2 model, compiled unless ``--vllm-eager``),
+   TTFA at each session count as ``ttfa_ms_N_vllm`` beside the transformers ``ttfa_ms_N``.
+
 Last line: JSON with ``ttfa_ms_1``, ``ttfa_ms_4``, ``ttfa_ms_8``, ``model_ms``, ``overhead_ms_1``,
-``ttfa_full_ms_1`` and ``ttfa_chunked_vs_full_ratio``.
+``ttfa_full_ms_1``, ``ttfa_chunked_vs_full_ratio``, ``ttfa_ms_4_transformers`` and, with vLLM,
+``ttfa_ms_N_vllm`` (``ttfa_ms_4_vllm``).
 """
 
 from __future__ import annotations
@@ -28,9 +33,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
+import importlib.util
 import json
 import statistics
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -136,13 +144,20 @@ async def ttfa(url: str, pcm: bytes, sessions: int, rounds: int) -> list[float]:
     return out
 
 
-async def run(args: argparse.Namespace) -> dict[str, float]:
+@contextlib.asynccontextmanager
+async def voice_server(args: argparse.Namespace, **voice: Any) -> AsyncIterator[tuple[str, Any]]:
+    """``(ws url of /v1/realtime, the voice service)`` of a real server in this process, ready."""
     config = config_from_mapping(
         {
             "robot": {"enabled": False},
             "world": {"enabled": False},
-            "server": {"log_level": "warning"},
-            "voice": {"enabled": True, "max_sessions": max(args.sessions), "torch_threads": args.threads},
+            "server": {"log_level": "warning", "start_timeout_s": 600},
+            "voice": {
+                "enabled": True,
+                "max_sessions": max(args.sessions),
+                "torch_threads": args.threads,
+                **voice,
+            },
         }
     )
     server = build_server(config, host="127.0.0.1", port=0)
@@ -155,7 +170,37 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
                 raise RuntimeError("server exited during startup")
             await asyncio.sleep(0.1)
         service = next(k for k in state.kinds if k.name == "voice")
-        url = state.url.replace("http://", "ws://") + "/v1/realtime"
+        yield state.url.replace("http://", "ws://") + "/v1/realtime", service
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, timeout=60)
+
+
+async def run(args: argparse.Namespace) -> dict[str, float]:
+    figures = await run_transformers(args)
+    figures["ttfa_ms_4_transformers"] = figures.get("ttfa_ms_4", float("nan"))
+    if "vllm" in args.llm_backends:
+        figures.update(await run_vllm(args))
+    return figures
+
+
+async def run_vllm(args: argparse.Namespace) -> dict[str, float]:
+    """The same TTFA measurement on the vLLM backend (``voice.llm_backend: vllm``, same model)."""
+    figures: dict[str, float] = {}
+    async with voice_server(args, llm_backend="vllm", vllm_enforce_eager=args.vllm_eager) as (url, service):
+        pcm, _ = spoken(service.models_loaded["tts"], args.question)
+        await ttfa(url, pcm, 1, 1)  # warm-up
+        print(f"vLLM backend ({'eager' if args.vllm_eager else 'compiled'}):")
+        print(f"{'sessions':>8} {'TTFA p50 ms':>12} {'max ms':>8}")
+        for n in args.sessions:
+            values = await ttfa(url, pcm, n, args.rounds)
+            figures[f"ttfa_ms_{n}_vllm"] = round(statistics.median(values), 1)
+            print(f"{n:>8} {figures[f'ttfa_ms_{n}_vllm']:>12.0f} {max(values):>8.0f}")
+    return figures
+
+
+async def run_transformers(args: argparse.Namespace) -> dict[str, float]:
+    async with voice_server(args) as (url, service):
         pcm, audio_16k = spoken(service.models_loaded["tts"], args.question)
         await ttfa(url, pcm, 1, 1)  # warm-up: first-use costs of every engine
         # one session: each served turn paired with a direct model run just before it (same load)
@@ -190,9 +235,6 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
         print(f"1 session: chunked handoff {figures['ttfa_ms_1']:.0f} ms vs full reply first {full:.0f} ms "
               f"(ratio {figures['ttfa_chunked_vs_full_ratio']:.2f})")  # fmt: skip
         return figures
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, timeout=60)
 
 
 def main(argv: list[str]) -> int:
@@ -201,6 +243,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=3, help="turns per session count (median over all)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (voice.torch_threads)")
     p.add_argument("--question", default=QUESTION)
+    p.add_argument(
+        "--llm-backends",
+        nargs="+",
+        choices=["transformers", "vllm"],
+        default=["transformers", "vllm"] if importlib.util.find_spec("vllm") else ["transformers"],
+        help="transformers always runs (model time, chunked vs full); vllm adds TTFA on that backend",
+    )
+    p.add_argument("--vllm-eager", action="store_true", help="voice.vllm_enforce_eager (faster start)")
     args = p.parse_args(argv)
     if 1 not in args.sessions:
         p.error("--sessions must include 1 (the chunked-vs-full comparison and the overhead use it)")
