@@ -168,13 +168,16 @@ class Outbound:
         queued or being written, the caller writes them itself: no hand-off to the writer task.
         """
         if self.direct and not self._items and not self._writing:
+            # Nothing is queued or written, so nothing else is held up on the client: this send is
+            # the outermost (see _bounded), stamped inline (every robot reply passes here).
             self._writing = True
             self._empty.clear()
+            self.blocked_since = time.monotonic()
             try:
-                with self._bounded():
-                    for frame in frames:
-                        await self._write(frame)
+                for frame in frames:
+                    await self._write(frame)
             finally:
+                self.blocked_since = None
                 self._writing = False
                 self._settle()
             return
