@@ -141,6 +141,15 @@ def _decay_lr(opt: torch.optim.Optimizer, lr: float, step: int, progress: float)
         group["lr"] = lr * min(1.0, (step + 1) / 200) * (1 - 0.9 * min(progress, 1.0))
 
 
+def _optimize(opt: torch.optim.Optimizer, loss: Tensor, clip: list[Tensor] | None = None) -> None:
+    """One optimizer step on ``loss`` (gradient norm clipped to 1 over ``clip`` if given)."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(clip, 1.0)
+    opt.step()
+
+
 def _gradients(x: Tensor) -> tuple[Tensor, Tensor]:
     return x[..., 1:, :] - x[..., :-1, :], x[..., :, 1:] - x[..., :, :-1]
 
@@ -180,9 +189,7 @@ def train_autoencoder(cfg, data, args, g) -> tuple[GroupEncoder, CausalDecoder]:
             z = z + 0.05 * torch.randn_like(z)  # robustness to DiT sampling error
             recon, _ = dec(z, dec.init_state(frames.shape[0]))
         loss = reconstruction_loss(recon.float(), frames, args.edge_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        _optimize(opt, loss)
         if step % 200 == 0:
             print(f"ae step {step} loss {loss.item():.5f} t={time.time() - t0:.0f}s", flush=True)
         step += 1
@@ -236,10 +243,7 @@ def train_dit(cfg, latents: Tensor, data, args, g) -> CausalDiT:
         with torch.autocast(args.device_type, dtype=torch.bfloat16, enabled=args.amp):
             x0 = tf(clean, noisy, sig, acts, themes)
         loss = F.mse_loss(x0.float(), z)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
-        opt.step()
+        _optimize(opt, loss, clip=list(dit.parameters()))
         if step % 500 == 0:
             print(f"dit step {step} loss {loss.item():.5f} t={time.time() - t0:.0f}s", flush=True)
         step += 1
@@ -311,14 +315,9 @@ def train_decoder_on_samples(cfg, dit, dec, latents, data, args, g) -> CausalDec
         fake, real = recon.flatten(0, 1), frames.flatten(0, 1)
         if args.adv_weight > 0:
             loss = loss - args.adv_weight * disc(fake).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        _optimize(opt, loss)
         if args.adv_weight > 0:  # hinge loss; the decoder step above left grads on disc: cleared here
-            d_loss = F.relu(1 - disc(real)).mean() + F.relu(1 + disc(fake.detach())).mean()
-            opt_d.zero_grad(set_to_none=True)
-            d_loss.backward()
-            opt_d.step()
+            _optimize(opt_d, F.relu(1 - disc(real)).mean() + F.relu(1 + disc(fake.detach())).mean())
         if step % 200 == 0:
             print(f"dec step {step} loss {loss.item():.5f} t={time.time() - t0:.0f}s", flush=True)
         step += 1
