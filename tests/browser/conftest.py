@@ -28,9 +28,16 @@ FLAGS = [
     "--use-fake-ui-for-media-stream",
     "--use-fake-device-for-media-stream",
 ]
-# the fake microphone: the question, then a silence long enough for its answer to play out and
-# short enough that the next loop speaks over a longer answer (the voice page's barge-in test)
-MIC_LEAD_S, MIC_TAIL_S = 0.5, 7.0
+# the fake microphone: the question, then a silence long enough for its answer to play out
+MIC_LEAD_S, MIC_TAIL_S = 0.5, 12.0
+
+
+def mic_loop_s() -> float:
+    """Seconds between two loops of the fake microphone's question (the WAV's duration)."""
+    from models.voice.tts import SAMPLE_RATE
+    from tests.voice.speech import QUESTION, spoken_24k
+
+    return len(spoken_24k(QUESTION, MIC_LEAD_S, MIC_TAIL_S)) / SAMPLE_RATE
 
 
 def write_mic_wav(path: Path) -> Path:

@@ -17,13 +17,14 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from tests.browser.conftest import open_page
+from tests.browser.conftest import mic_loop_s, open_page
 from tests.voice.realtime_client import API_KEY, voice_server
 
 async_api = pytest.importorskip("playwright.async_api", reason="Python Playwright is not installed")
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
 
 BARGE_IN_ATTEMPTS = 3
+SEND_AHEAD_MS = 4000  # the story is asked for this long before the next loop: its audio is playing then
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -45,14 +46,17 @@ async def test_voice_page_answers_the_spoken_question_and_barge_in_truncates(bro
         transcript = await page.locator("#transcript").inner_text()
         readout = await page.locator("#latency").inner_text()
 
-        # a long answer, spoken over by the microphone's next loop of the question; when the loop
-        # came before its audio (the server cancels it: nothing to truncate), ask again
+        # a story timed to be playing when the microphone's next loop speaks over it
+        loop_ms = mic_loop_s() * 1000
         for _ in range(BARGE_IN_ATTEMPTS):
             await page.wait_for_function("window.voiceStats.activeResponse === null", timeout=60_000)
+            started = (await page.evaluate("window.voiceStats.speechStartedAt"))[-1]
+            wait_ms = started + loop_ms - SEND_AHEAD_MS - await page.evaluate("performance.now()")
+            await page.wait_for_timeout(max(0.0, wait_ms))
             await page.fill("#text", "Tell me a long story about a brave knight, a dragon and a castle.")
             await page.click("#send")
             try:
-                await page.wait_for_function("window.voiceStats.truncated.length >= 1", timeout=30_000)
+                await page.wait_for_function("window.voiceStats.truncated.length >= 1", timeout=loop_ms)
                 break
             except async_api.TimeoutError:
                 continue

@@ -13,34 +13,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import statistics
-from pathlib import Path
 
 import pytest
 import torch
 
 from models.world.env import horizontal_shift
 from realtime.config import config_from_mapping
+from tests.browser.conftest import open_page
 from tests.serving import serve_in_process
 
-async_api = pytest.importorskip(
-    "playwright.async_api", reason="Python Playwright is not installed (pip install -e '.[test]')"
-)
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-pytestmark = [
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="Debian's Chromium is not at /usr/bin/chromium (apt-get install -y chromium; .ci/run does it)",
-    ),
-    pytest.mark.timeout(150),
-    pytest.mark.asyncio(loop_scope="session"),
-]
+pytestmark = [pytest.mark.timeout(150), pytest.mark.asyncio(loop_scope="session")]
 
 HOLD_S = 30.0
 # the canvas as RGB bytes (base64) and the count of frames drawn so far
@@ -81,7 +63,7 @@ async def _capture(page, seconds: float) -> list[dict]:
     return samples
 
 
-async def test_world_page_plays_live_holds_a_key_with_bounded_backlog_and_steers(tmp_path):
+async def test_world_page_plays_live_holds_a_key_with_bounded_backlog_and_steers(browser, tmp_path):
     config = config_from_mapping(
         {
             "robot": {"enabled": False},
@@ -89,47 +71,42 @@ async def test_world_page_plays_live_holds_a_key_with_bounded_backlog_and_steers
             "world": {"enabled": True, "torch_threads": 1},
         }
     )
-    async with serve_in_process(config) as (base, _), async_api.async_playwright() as pw:
-        browser = await pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True, args=FLAGS
-        )
-        try:
-            page = browser.pages[0] if browser.pages else await browser.new_page()
-            console: list[str] = []
-            page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: console.append(str(e)))
-            await page.goto(f"{base}/demo/world?seed=3")  # starts on load with the defaults
-            await page.wait_for_function("window.worldStats.framesShown > 8", timeout=60_000)
-            await page.click("#screen")
+    async with (
+        serve_in_process(config) as (base, _),
+        open_page(browser, tmp_path / "world-page.png") as (page, log),
+    ):
+        await page.goto(f"{base}/demo/world?seed=3")  # starts on load with the defaults
+        await page.wait_for_function("window.worldStats.framesShown > 8", timeout=60_000)
+        await page.click("#screen")
 
-            await page.keyboard.down("a")  # turn left: the image moves right
-            await asyncio.sleep(1.5)  # the key reaches the screen (block boundary + generate-ahead)
-            turning_left = await _capture(page, 3.0)
-            backlog = [s["backlog"] for s in turning_left]
-            loop = asyncio.get_running_loop()
-            end = loop.time() + HOLD_S - 4.5
-            while loop.time() < end:
-                backlog.append((await page.evaluate("window.worldStats"))["backlogMs"])
-                await asyncio.sleep(0.25)
-            held = await page.evaluate("window.worldStats")
-            await page.keyboard.up("a")
+        await page.keyboard.down("a")  # turn left: the image moves right
+        await asyncio.sleep(1.5)  # the key reaches the screen (block boundary + generate-ahead)
+        turning_left = await _capture(page, 3.0)
+        backlog = [s["backlog"] for s in turning_left]
+        loop = asyncio.get_running_loop()
+        end = loop.time() + HOLD_S - 4.5
+        while loop.time() < end:
+            backlog.append((await page.evaluate("window.worldStats"))["backlogMs"])
+            await asyncio.sleep(0.25)
+        held = await page.evaluate("window.worldStats")
+        await page.keyboard.up("a")
 
-            await page.keyboard.down("d")  # turn right: the image moves left
-            await asyncio.sleep(1.5)
-            turning_right = await _capture(page, 3.0)
-            await page.keyboard.up("d")
-            stats = await page.evaluate("window.worldStats")
-            await page.screenshot(path=str(tmp_path / "world-page.png"))
+        await page.keyboard.down("d")  # turn right: the image moves left
+        await asyncio.sleep(1.5)
+        turning_right = await _capture(page, 3.0)
+        await page.keyboard.up("d")
+        stats = await page.evaluate("window.worldStats")
+        await page.screenshot(path=str(tmp_path / "world-jpeg.png"))
 
-            # the fMP4 path: Media Source Extensions over Debian's Chromium's H.264 decoder
-            await page.goto(f"{base}/demo/world?seed=3&format=fmp4")
-            await page.wait_for_function("window.worldStats.framesShown > 16", timeout=30_000)
-            video = await page.evaluate("window.worldStats")
-        finally:
-            await browser.close()
+        # the fMP4 path: Media Source Extensions over Debian's Chromium's H.264 decoder
+        await page.goto(f"{base}/demo/world?seed=3&format=fmp4")
+        await page.wait_for_function("window.worldStats.framesShown > 16", timeout=30_000)
+        video = await page.evaluate("window.worldStats")
 
-    assert (tmp_path / "world-page.png").stat().st_size > 0
-    assert console == [] and stats["errors"] == [], (console, stats["errors"])
+    assert (tmp_path / "world-jpeg.png").stat().st_size > 0 and (
+        tmp_path / "world-page.png"
+    ).stat().st_size > 0
+    assert log.errors == [] and stats["errors"] == [], (log.errors, stats["errors"])
     assert stats["format"] == "jpeg" and stats["state"] == "playing"
     assert (
         video["format"] == "fmp4" and video["errors"] == [] and video["backlogMs"] <= video["backlogBoundMs"]
