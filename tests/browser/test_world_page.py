@@ -4,8 +4,9 @@ Chromium headless against the real server over loopback, the committed world-tin
 Holds a key for 30 s: frames keep arriving, the page's backlog stays bounded without growing
 (and the page plays frames rather than dropping them), turning left / right moves the image the
 expected way (the model's control-response measure, ``models.world.env.horizontal_shift``), the
-key-to-photon readout works, and the console stays clean; then the fMP4 (MSE) player shows frames
-too. A screenshot lands in the pytest tmp dir.
+key-to-photon readout works, and the console stays clean; then the format switch restarts it on
+the fMP4 (MSE) player, which shows frames too, and an over-long prompt renders the server's error
+readably while frames keep coming. Screenshots land in the pytest tmp dir.
 """
 
 from __future__ import annotations
@@ -99,14 +100,23 @@ async def test_world_page_plays_live_holds_a_key_with_bounded_backlog_and_steers
         await page.screenshot(path=str(tmp_path / "world-jpeg.png"))
 
         # the fMP4 path: Media Source Extensions over Debian's Chromium's H.264 decoder
-        await page.goto(f"{base}/demo/world?seed=3&format=fmp4")
-        await page.wait_for_function("window.worldStats.framesShown > 16", timeout=30_000)
+        await page.select_option("#format", "fmp4")  # the format switch restarts the session
+        await page.wait_for_function(
+            "window.worldStats.format === 'fmp4' && window.worldStats.framesShown > 16", timeout=30_000
+        )
         video = await page.evaluate("window.worldStats")
+        await page.fill("#prompt", "x" * 5000)  # over world.max_prompt_chars: a recoverable error
+        await page.click("#apply")
+        await page.wait_for_function("window.worldStats.errors.length > 0", timeout=10_000)
+        error_text = await page.locator("#errors li").first.inner_text()
+        shown = (await page.evaluate("window.worldStats"))["framesShown"]
+        await page.wait_for_function(f"window.worldStats.framesShown > {shown + 8}", timeout=10_000)
 
     assert (tmp_path / "world-jpeg.png").stat().st_size > 0 and (
         tmp_path / "world-page.png"
     ).stat().st_size > 0
     assert log.errors == [] and stats["errors"] == [], (log.errors, stats["errors"])
+    assert "prompt" in error_text and ":" in error_text, error_text  # "<code>: <message>", and it plays on
     assert stats["format"] == "jpeg" and stats["state"] == "playing"
     assert (
         video["format"] == "fmp4" and video["errors"] == [] and video["backlogMs"] <= video["backlogBoundMs"]
