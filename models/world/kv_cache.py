@@ -18,7 +18,8 @@ Contract:
 - ``gather(sessions, block_start, room)`` -> per-layer past ``(K, V)`` ``[B, R*T + room, H, D]``
   (fresh buffers: the slots' frames, then ``room`` rows the forward writes its own tokens' K/V
   into, so attention reads one buffer and nothing is concatenated per pass) and a key mask
-  ``[B, R*T]`` of the frames visible to a block starting at ``block_start`` (per session).
+  ``[B, R*T]`` of the frames visible to a block starting at ``block_start`` (per session), or
+  ``None`` when all of them are (the steady state once the window is full).
 - ``commit(sessions, block_start, kv)`` writes a block's clean-pass K/V (the only writer).
 - denoise passes never write: the pool is read-only until ``commit``.
 """
@@ -167,15 +168,20 @@ class KVPool:
 
     def gather(
         self, sessions: Sequence[str], block_starts: Sequence[int], room: int = 0
-    ) -> tuple[list[KV], Tensor]:
-        """Past K/V per layer ``[B, R*T + room, H, D]`` and the visible-key mask ``[B, R*T]``."""
+    ) -> tuple[list[KV], Tensor | None]:
+        """Past K/V per layer ``[B, R*T + room, H, D]`` and the visible-key mask ``[B, R*T]``
+        (``None`` when every key is visible: decided on the host, no device sync)."""
         g = self.geometry
         ids = self.slot_ids(sessions)
         slots = torch.tensor(ids, dtype=torch.long)
         pos = self.frame_pos[slots]  # [B, R]
         start = torch.tensor(block_starts, dtype=torch.long)[:, None]
         visible = (pos >= 0) & (pos < start) & ((pos < g.sink_frames) | (pos >= start - g.window_frames))
-        mask = visible.repeat_interleave(g.tokens_per_frame, dim=1).to(self.k.device)
+        mask = (
+            None
+            if bool(visible.all())
+            else visible.repeat_interleave(g.tokens_per_frame, dim=1).to(self.k.device)
+        )
         resident = self.k.shape[2]
         past = []
         for layer in range(g.layers):

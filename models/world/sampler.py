@@ -69,9 +69,11 @@ class FlowSampler:
         past, key_mask = self.pool.gather(ids, starts, room=fpb * cfg.tokens_per_frame)
         cross = self.pool.cross(ids) if cross is None else cross
         b = len(reqs)
-        mask = torch.cat([key_mask, key_mask.new_ones(b, fpb * cfg.tokens_per_frame)], 1)[:, None, None, :]
-        if bool(key_mask.all()):  # a full window (the steady state): no mask, so flash attention
-            mask = None
+        mask = None  # a full window (the steady state): no mask, so the fastest attention kernels
+        if key_mask is not None:
+            mask = torch.cat([key_mask, key_mask.new_ones(b, fpb * cfg.tokens_per_frame)], 1)[
+                :, None, None, :
+            ]
         shape = (fpb, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
         like = self.pool.k
         x = torch.stack([block_noise(r.seed, r.block, 0, shape, like) for r in reqs])

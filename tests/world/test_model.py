@@ -59,9 +59,10 @@ def test_cached_forward_equals_full_masked_recompute_per_forward():
         )
         room = cfg.frames_per_block * cfg.tokens_per_frame
         past, key_mask = model.pool.gather(["s"], [b * cfg.frames_per_block], room=room)
-        mask = torch.cat([key_mask, key_mask.new_ones(1, cfg.frames_per_block * cfg.tokens_per_frame)], 1)[
-            :, None, None
-        ]
+        mask = None
+        if key_mask is not None:
+            new = key_mask.new_ones(1, cfg.frames_per_block * cfg.tokens_per_frame)
+            mask = torch.cat([key_mask, new], 1)[:, None, None]
         pos = torch.arange(b * cfg.frames_per_block, (b + 1) * cfg.frames_per_block)[None]
         sigma = torch.full((1, cfg.frames_per_block), 0.5, dtype=torch.float64)
         cached, _ = model.dit(x, pos, sigma, acts, cross, mask, past)
