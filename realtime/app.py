@@ -268,7 +268,6 @@ def create_app(config: DeployConfig) -> Starlette:
         Route("/metrics", metrics),
         Route("/v1/models", list_models),
         Route("/v1/status", status),
-        *demo_routes(),
     ]
     ceiling = config.server.max_message_bytes
     for kind in kinds:
@@ -278,6 +277,7 @@ def create_app(config: DeployConfig) -> Starlette:
         for route in kind_routes:
             if isinstance(route, WebSocketRoute):
                 state.websocket_limits[route.path] = limit
+    routes.extend(demo_routes())  # after the kinds' routes: a kind's own page under /demo/ wins
     routes.append(WebSocketRoute("/{path:path}", _no_such_endpoint))  # after every kind's routes
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.rt = state
