@@ -196,6 +196,7 @@ def _image(key: str, value: Any) -> np.ndarray:
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_LARGEST = np.maximum.reduce  # ndarray.max() without its Python wrapper; NaN propagates
 
 
 def _state_array(key: str, raw: Any) -> np.ndarray:
@@ -228,7 +229,7 @@ def _state(preset: Preset, observation: Mapping[str, Any]) -> np.ndarray:
             )
         # finite and within float32's range in one reduction, without np.errstate (a slow context
         # manager on every request): max() propagates NaN, and a comparison with NaN is False
-        if value.dtype.kind == "f" and not np.abs(value).max() <= _FLOAT32_MAX:
+        if value.dtype.kind == "f" and not _LARGEST(np.abs(value), axis=None) <= _FLOAT32_MAX:
             raise ObservationError(f"state {spec.key!r} must be finite float32 values, got NaN or infinity")
         parts.append(value.astype(np.float32, copy=False).reshape(-1))
     return np.concatenate(parts)
