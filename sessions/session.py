@@ -227,13 +227,17 @@ class Session:
 
     # -- ticks ----------------------------------------------------------------------------
     async def next_tick(self, payload: Any = None) -> TickResult:
-        """Run one transactional tick; returns the executor's result once committed."""
+        """Run one transactional tick; returns the executor's result once committed.
+
+        A tick belongs to the epoch it was requested in: one that waited for the tick lock while a
+        reset or interrupt moved the epoch on is dropped before it runs (``TickSupersededError``),
+        never run as the new epoch's tick."""
         self._require_active()
-        lock = self._tick_lock
+        lock, epoch = self._tick_lock, self._epoch
         await lock.acquire()  # not ``async with``: two coroutine frames less on every tick
         try:
             self._require_active()
-            epoch = self._epoch
+            self._check_not_superseded_while_waiting(epoch)
             self.touch()
             snapshot, prepared = await self._prepare(payload)
             try:
@@ -264,13 +268,14 @@ class Session:
     async def stream_tick(self, payload: Any = None) -> AsyncIterator[TickChunk]:
         """Run one streaming tick: yield its chunks, each tagged with the tick's identity; commit
         after the last one (see the module contract). The caller must iterate to the end: leaving
-        early counts as a cancelled tick (the session fails)."""
+        early counts as a cancelled tick (the session fails). Like :meth:`next_tick`, a tick
+        superseded while it waited for the lock is dropped before it runs."""
         self._require_active()
-        lock = self._tick_lock
+        lock, epoch = self._tick_lock, self._epoch
         await lock.acquire()
         try:
             self._require_active()
-            epoch = self._epoch
+            self._check_not_superseded_while_waiting(epoch)
             self.touch()
             snapshot, prepared = await self._prepare(payload)
             chunks = self._executor.stream(snapshot)
@@ -428,6 +433,13 @@ class Session:
     def _tick_finished(self, outcome: str, code: str | None) -> None:
         if self._on_tick is not None:
             self._on_tick(self, outcome, code)
+
+    def _check_not_superseded_while_waiting(self, requested_epoch: int) -> None:
+        if self._epoch != requested_epoch:
+            self._tick_finished("superseded", TickSupersededError.code)
+            raise TickSupersededError(
+                "tick was dropped before it ran: the session was reset or interrupted while it waited"
+            )
 
     def _superseded(self, snapshot: TickSnapshot) -> TickSupersededError:
         self._tick_finished("superseded", TickSupersededError.code)

@@ -160,3 +160,23 @@ async def test_interrupt_supersedes_a_streaming_tick_and_keeps_the_session():
     async for _ in session.stream_tick():
         pass
     assert executor.snapshots[-1].applied_event_ids == (1,) and session.chunk_index == 1
+
+
+async def test_a_tick_requested_before_a_reset_is_dropped_not_run_in_the_new_epoch():
+    """A tick that waited for the tick lock while a reset moved the epoch on never runs: it
+    would otherwise become the new world's first tick (the race the world kind hit)."""
+    session, executor, _lifecycle, reducer, outcomes = recorded()
+    executor.gate = asyncio.Event()
+    first = asyncio.create_task(session.next_tick("first"))
+    await executor.started.wait()
+    waiting = asyncio.create_task(session.next_tick("waiting"))  # queued behind the first
+    streaming = asyncio.create_task(anext(aiter(session.stream_tick("streaming"))))
+    await asyncio.sleep(0)
+    await session.reset()
+    executor.gate.set()
+    for task in (first, waiting, streaming):
+        with pytest.raises(TickSupersededError):
+            await task
+    assert [s.payload for s in executor.snapshots] == ["first"]  # neither waiter reached the executor
+    assert outcomes == ["superseded"] * 3 and reducer.commits == 0
+    assert (await session.next_tick("after")).value == 0  # a tick requested after the reset runs
