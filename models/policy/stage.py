@@ -70,9 +70,14 @@ class PolicyStage:
     def forward(self, items: Sequence[StageItem]) -> list[PolicyChunk]:
         start = time.perf_counter()
         now = time.monotonic()
-        states = [self._states[item.slot] for item in items]
-        prepared = [item.payload.prepared for item in items]
-        snapshots = [state.snapshot(p, now) for state, p in zip(states, prepared, strict=True)]
+        # The states are taken before the forward: a session released meanwhile (its slot emptied
+        # on the loop thread) gets its commit on its own, dropped state object, never on None.
+        states, prepared, snapshots = [], [], []
+        for item in items:  # one pass: this runs on every tick, usually for a batch of one
+            state, observation = self._states[item.slot], item.payload.prepared
+            states.append(state)
+            prepared.append(observation)
+            snapshots.append(state.snapshot(observation, now))
         chunks = self.policy.infer(prepared, snapshots)
         done = time.perf_counter()
         committed = now + (done - start)
