@@ -22,6 +22,17 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    frame of the first chunk whose ``applied_event_ids`` holds the event plays, minus when the
    event was sent (p50, p95), with the continuous-play ratio of the same run.
 
+6. (``--e2e``, for the GPU issue) **end to end through the server**: ``realtime serve`` with the
+   world kind (compute admission off), ``n`` = 1, 2, 4, 8 websocket clients at once, each a
+   ``fast``-paced JPEG session read as fast as it arrives: time to first frame (``session.start``
+   sent -> first frame received, p50 over the clients of ``n`` = 1 runs), frames per second per
+   session and aggregate over ``--e2e-seconds`` after a warm-up, batched (``world.max_batch`` 8)
+   vs time-sliced (``max_batch`` 1); DiT model-FLOPs utilisation = the DiT's FLOPs per block
+   (counted by ``torch.utils.flop_counter`` on one steady-state block) x blocks per second of one
+   session / the device's dense bf16 peak (``--peak-tflops``, 989 for an H200). Its JSON keys:
+   ``fps_1``, ``ttff_ms``, ``aggregate_ratio_4`` (aggregate fps at 4 sessions / fps at 1, batched),
+   ``mfu``, ``e2e_fps`` (per mode and ``n``).
+
 Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``,
 ``pipeline_overlap_ratio``, ``continuous_play_ratio``, ``key_to_frame_ms_p50``,
 ``key_to_frame_ms_p95``, ``key_to_frame_continuous_play_ratio``.
@@ -198,9 +209,10 @@ def continuous_play(args) -> float:
 
 
 @contextlib.contextmanager
-def world_server(args) -> Iterator[str]:
-    """``realtime serve`` with only the world kind, in a child process on a free loopback port;
-    yields its websocket base URL once ``/readyz`` answers 200."""
+def world_server(args, **world: object) -> Iterator[str]:
+    """``realtime serve`` with only the world kind (``world`` overrides its config fields), in a
+    child process on a free loopback port; yields its websocket base URL once ``/readyz`` answers
+    200."""
     config = {
         "server": {"log_level": "warning"},
         "robot": {"enabled": False},
@@ -211,6 +223,7 @@ def world_server(args) -> Iterator[str]:
             "dtype": args.dtype,
             "torch_threads": args.threads,
             **({} if args.pacing_margin_s is None else {"pacing_margin_s": args.pacing_margin_s}),
+            **world,
         },
     }
     with socket.socket() as probe:
@@ -328,6 +341,102 @@ def key_to_frame(args) -> KeyToFrame:
         return asyncio.run(_key_to_frame(url, args.fps, args.presses, args.press_warmup_s, args.seed))
 
 
+@dataclass
+class E2ESession:
+    """One client of section 6: when its first frame arrived and its frames in the window."""
+
+    ttff_s: float = float("nan")
+    frames: int = 0
+
+
+async def _e2e_client(url: str, fps: int, seed: int, window: tuple[float, float]) -> E2ESession:
+    out = E2ESession()
+    async with websockets.connect(f"{url}/v1/realtime/world?protocol_version=1", max_size=2**26) as ws:
+        start = {"type": "session.start", "prompt": "stone", "seed": seed, "fps": fps, "pacing": "fast"}
+        sent = time.monotonic()
+        await ws.send(json.dumps(start))
+        frames_of_chunk = 0
+        async for message in ws:
+            now = time.monotonic()
+            if isinstance(message, str):
+                msg = json.loads(message)
+                if msg["type"] == "chunk.metadata":
+                    frames_of_chunk = msg["frame_count"]
+                elif msg["type"] == "error":
+                    raise RuntimeError(f"server error: {msg['error']}")
+                continue
+            if out.ttff_s != out.ttff_s:  # NaN: the first media message
+                out.ttff_s = now - sent
+            if window[0] <= now < window[1]:
+                out.frames += frames_of_chunk
+            if now >= window[1]:
+                break
+        await ws.send(json.dumps({"type": "session.close"}))
+        async for _ in ws:
+            pass
+    return out
+
+
+async def _e2e_run(url: str, sessions: int, fps: int, warm_s: float, seconds: float) -> list[E2ESession]:
+    t0 = time.monotonic()
+    window = (t0 + warm_s, t0 + warm_s + seconds)
+    return list(await asyncio.gather(*(_e2e_client(url, fps, i, window) for i in range(sessions))))
+
+
+def _dit_flops_per_block(args) -> tuple[float, int]:
+    """FLOPs of the DiT (denoise passes + clean pass) for one steady-state block of one session,
+    and the video frames such a block decodes to."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = _build(args, 1)
+    act = torch.zeros(model.cfg.action_dim)
+    model.open("probe", seed=0)
+    steady = -(-(model.cfg.sink_frames + model.cfg.window_frames) // model.cfg.frames_per_block) + 1
+    with torch.no_grad():
+        for _ in range(steady):  # fill the window: steady-state attention cost
+            model.generate([WorldTick("probe", model.next_block("probe"), "stone", act)])
+        with FlopCounterMode(display=False) as counter:
+            model.generate([WorldTick("probe", model.next_block("probe"), "stone", act)])
+    frames = model.cfg.frames_for_block(False)
+    del model
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return float(counter.get_total_flops()), frames
+
+
+def e2e_section(args) -> dict[str, object]:
+    """Section 6: end to end through ``realtime serve`` (see the module docstring)."""
+    flops, video_frames_per_block = _dit_flops_per_block(args)
+    figures: dict[str, dict[str, float]] = {"batched": {}, "sliced": {}}
+    ttff: list[float] = []
+    print(
+        f"end to end through realtime serve, {args.model} on {args.device} ({args.dtype}), fast pacing, JPEG"
+    )
+    print(f"{'sessions':>8} {'batched fps':>12} {'sliced fps':>11}   (aggregate; per session = / sessions)")
+    for mode, max_batch in (("batched", 8), ("sliced", 1)):
+        with world_server(args, max_batch=max_batch, compute_admission=False) as url:
+            asyncio.run(_e2e_run(url, 1, args.fps, 0.0, 1.0))  # warm the server (first-use allocations)
+            for n in (1, 2, 4, 8):
+                runs = asyncio.run(_e2e_run(url, n, args.fps, args.e2e_warmup_s, args.e2e_seconds))
+                figures[mode][str(n)] = round(sum(r.frames for r in runs) / args.e2e_seconds, 2)
+                if mode == "batched" and n == 1:
+                    ttff.extend(r.ttff_s for r in runs)
+    for n in ("1", "2", "4", "8"):
+        print(f"{n:>8} {figures['batched'][n]:>12.1f} {figures['sliced'][n]:>11.1f}")
+    fps_1 = figures["batched"]["1"]
+    mfu = flops * (fps_1 / video_frames_per_block) / (args.peak_tflops * 1e12)
+    print(f"one session: {fps_1:.1f} fps end to end, time to first frame {1000 * statistics.median(ttff):.0f} ms; "
+          f"DiT {flops / 1e12:.1f} TFLOP per block -> MFU {mfu:.3f} of {args.peak_tflops:g} TFLOP/s")  # fmt: skip
+    return {
+        "fps_1": fps_1,
+        "ttff_ms": round(1000 * statistics.median(ttff), 1),
+        "aggregate_ratio_4": round(figures["batched"]["4"] / fps_1, 3),
+        "mfu": round(mfu, 3),
+        "dit_tflop_per_block": round(flops / 1e12, 2),
+        "e2e_fps": figures,
+    }
+
+
 def _pct(values: list[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in 0..100)."""
     ordered = sorted(values)
@@ -352,9 +461,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--press-warmup-s", type=float, default=2.0, help="playback before the first press")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--key-to-frame-only", action="store_true", help="run section 5 alone")
+    p.add_argument("--e2e", action="store_true", help="run section 6 (end to end through the server) alone")
+    p.add_argument("--e2e-seconds", type=float, default=6.0, help="section 6: measured seconds per point")
+    p.add_argument("--e2e-warmup-s", type=float, default=3.0, help="section 6: unmeasured seconds first")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="section 6: dense bf16 peak (H200: 989)")
     args = p.parse_args(argv)
     if args.key_to_frame_only:
         return _print_key_to_frame(args, {})
+    if args.e2e:
+        print(
+            json.dumps({**e2e_section(args), "device": args.device, "model": args.model, "dtype": args.dtype})
+        )
+        return 0
     torch.set_num_threads(args.threads)
     with torch.no_grad():
         lat = tick_latency(args)
