@@ -15,7 +15,9 @@ the pools exist), capped by compute: the step time measured at each batch size m
 
 Per session (:class:`~realtime.kinds.duplex_session.DuplexSession`, which outlives its socket):
 the protocol state machines of ``realtime/protocols/duplex`` and the socket it is attached to.
-A stalled client only fills its own queue: the clock steps it with the others, its runner waits
+Its one owner is the attached connection's runner; the clock's callbacks only hand frames in and
+outputs out through the session's two channels (the ``duplex_session`` module docstring). A
+stalled client only fills its own queues: the clock steps it with the others, its runner waits
 on its socket and the skeleton's bounded outbound and send watchdog end that connection alone.
 
 - **Barge-in**: user speech (RMS >= ``barge_in_rms`` for ``barge_in_ms``) while the model speaks,
@@ -38,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -57,7 +60,7 @@ from models.duplex.stage import FRAME_MS, SAMPLE_RATE, ContextExhausted, measure
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.duplex_model import FrameStage, build_stage, per_session_bytes
-from realtime.kinds.duplex_session import DuplexSession, Flush, Pending, new_token
+from realtime.kinds.duplex_session import DuplexSession, Flush, Pending, StepFailed, new_token
 from realtime.kinds.runtime import build_session_manager, capacity_plan
 from realtime.protocols.duplex import commands as dc
 from realtime.protocols.duplex import events as de
@@ -92,6 +95,7 @@ REALTIME_PATH = "/v1/realtime"
 OPUS = "ogg_opus"
 PCM16 = "pcm16"
 MAX_EXPIRED_IDS = 1024  # expired session ids remembered so a late resume hears session.expired
+INBOX_MARGIN_STEPS = 16  # steps a session's inbox holds beyond the longest unapplied wait (1.28 s)
 PERIOD_S = FRAME_MS / 1000
 
 
@@ -260,7 +264,7 @@ class DuplexService(KindServiceBase):
             headers=handshake.accept_headers(self.config.model),
         )
 
-    # -- the frame clock's callbacks (on the loop, between forwards) ----------------------
+    # -- the frame clock's callbacks (on the loop, between forwards): hand-offs only ------
     def _next_input(self, session_id: str) -> Any:
         ds = self.sessions.get(session_id)
         if ds is None:  # opened, not registered yet
@@ -268,9 +272,19 @@ class DuplexService(KindServiceBase):
         return ds.next_input()
 
     def _on_output(self, session_id: str, output: Any) -> None:
+        """Hand the step's output to the session's owner. Nobody applies a detached session's
+        outputs before a resume, so a failed step ends it at once; an inbox over its bound (nobody
+        applied a grace period's worth) ends it too."""
         ds = self.sessions.get(session_id)
-        if ds is not None:
-            ds.on_step(output)
+        if ds is None:
+            return
+        detached_failure = ds.attachment is None and isinstance(output, StepFailed)
+        if detached_failure or not ds.deliver(output):
+            if ds.attachment is not None:
+                ds.attachment.conn.end("closed", f"over {ds.inbox.max_steps} model steps not applied")
+            else:
+                self._expire(session_id, "step_failed" if detached_failure else "step_inbox_full")
+            log.info("duplex session ended by the clock", extra={"failed_step": detached_failure})
 
     def _count_frame(self, silent: bool) -> None:
         (self._silent_frames if silent else self._client_frames).inc()
@@ -293,6 +307,7 @@ class DuplexService(KindServiceBase):
             turns=Turns(policy, ResponseSettings.of_session(config), new_id("conv")),
             journal=Journal(c.journal_max_events, c.journal_max_bytes),
             max_input_frames=max(1, c.max_input_queue_ms // FRAME_MS),
+            max_unapplied_steps=self.max_unapplied_steps(),
             silence=self.stage.silence,
             media=self.media,
             opus_bitrate=c.opus_bitrate,
@@ -302,6 +317,13 @@ class DuplexService(KindServiceBase):
         self.sessions[ds.session_id] = ds
         self._track(self._watch(ds))
         return ds
+
+    def max_unapplied_steps(self) -> int:
+        """The bound of a session's step inbox: the longest time nobody applies its outputs
+        without the session ending anyway (a detached grace, or a send the watchdog ends), in
+        steps, plus :data:`INBOX_MARGIN_STEPS`."""
+        longest = max(self.config.resume_grace_s, self.ctx.config.server.max_send_wait_s)
+        return math.ceil(longest / PERIOD_S) + INBOX_MARGIN_STEPS
 
     def _step_failed(self, ds: DuplexSession, error: Exception) -> None:
         """A step's typed error (``context_exhausted`` under policy ``end``): say so, end the session."""
@@ -319,13 +341,16 @@ class DuplexService(KindServiceBase):
         ds.detach()
         ds.detached_at = time.monotonic()
         loop = asyncio.get_running_loop()
-        ds.grace_timer = loop.call_later(self.config.resume_grace_s, self._expire, ds.session_id)
+        ds.grace_timer = loop.call_later(
+            self.config.resume_grace_s, self._expire, ds.session_id, "disconnect_grace_expired"
+        )
 
-    def _expire(self, session_id: str) -> None:
+    def _expire(self, session_id: str, reason: str) -> None:
+        """Release a detached session; a later resume hears ``session.expired {reason}``."""
         ds = self.sessions.get(session_id)
         if ds is None or ds.attachment is not None:
             return
-        self.expired[session_id] = "disconnect_grace_expired"
+        self.expired[session_id] = reason
         while len(self.expired) > MAX_EXPIRED_IDS:
             self.expired.popitem(last=False)
         self._track(self._close(session_id))
@@ -459,6 +484,8 @@ class _DuplexHandler:
 
     async def handle(self, conn: Connection, item: Any) -> None:
         if isinstance(item, Flush):
+            if self.ds is not None and self.ds.owned_by(conn):
+                self.ds.apply_outputs()
             await self._flush(conn)
             return
         if isinstance(item, _Replaced):
@@ -474,6 +501,8 @@ class _DuplexHandler:
         if ds is None:
             await self._before_session(conn, item)
             return
+        if not ds.owned_by(conn):
+            return  # resumed on another socket: this one ends with its _Replaced item
         ds.session.touch()
         handler = self._HANDLERS.get(type(item))
         if handler is None:
@@ -519,6 +548,8 @@ class _DuplexHandler:
             )
         conn.adopt(ds.session)
         self.ds = ds
+        ds.detach()  # this runner owns the session now: the outputs of its detached time go
+        ds.apply_outputs()  # to the journal, in order, before the replay
         entries, gap = ds.journal.after(item.last_received_server_event_seq)
         att = ds.attach(conn, opus=self.audio == OPUS)
         att.pending.extend(Pending(e.frame, None, None) for e in entries)

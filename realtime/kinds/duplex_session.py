@@ -1,18 +1,28 @@
 """One duplex session's state, which outlives its sockets: the input frames, the protocol state
 machines (``Turns``, ``Journal``), the epoch, and the socket it is attached to, if any.
 
-Ownership (architecture invariant 2): every method here is synchronous and runs on the event
-loop, called either from the attached connection's runner (client commands) or from the frame
-clock's callbacks (:meth:`DuplexSession.next_input`, :meth:`DuplexSession.on_step`, which run
-on the loop between forwards). None awaits, so each call is one atomic step of the session,
-attached or not; output is *queued* here (:class:`Attachment`) and written by the attached
-connection's runner in order (``_Flush`` items), so a client that does not read delays only its
-own runner, never the clock.
+Ownership (architecture invariant 2). The session's one owner is the runner of the connection it
+is attached to: every method that changes the session (client commands, :meth:`DuplexSession.
+apply_outputs`, :meth:`DuplexSession.emit`, attach, detach) is called from that runner, one
+mailbox item at a time, and none of them awaits. The frame clock never changes the session; it
+meets it through two hand-off channels, each with one writer and one reader:
+
+- input: the owner pushes the client's frames into :class:`InputFrames`; the clock's silence
+  callback pops the next one (:meth:`DuplexSession.next_input`), or steps on silence;
+- output: the clock's ``on_output`` callback puts each step's output into the bounded
+  :class:`StepInbox` (:meth:`DuplexSession.deliver`) and wakes the owner with one :class:`Flush`
+  item; the owner applies the outputs in step order, then writes what they queued.
+
+While no socket is attached nobody owns the session: the outputs wait in the inbox (at most
+``StepInbox.max_steps``: the grace period's worth) and the connection that resumes it takes
+ownership and applies them, in order, before its replay. An item a replaced connection's runner
+still holds finds the session no longer its own (:meth:`DuplexSession.owned_by`) and is dropped.
 
 Every server event is rendered once with the next ``server_event_seq`` and the current ``epoch``
 and kept in the journal; while a socket is attached it is also queued for that socket. Audio and
 transcript deltas are queued with their epoch, so the connection's writer drops them once a
-barge-in bumped it; everything else is queued without one (never dropped).
+barge-in bumped it; everything else is queued without one (never dropped). A client that does
+not read delays only its own runner, never the clock.
 """
 
 from __future__ import annotations
@@ -49,6 +59,8 @@ class InputFrames:
 
     def __init__(self, max_frames: int) -> None:
         self.max_frames = max_frames
+        self.client_frames = 0  # frames the clock took from the queue
+        self.silent_frames = 0  # steps the clock found the queue empty
         self._frames: deque[np.ndarray] = deque()
         self._partial = np.zeros(0, np.float32)
 
@@ -68,13 +80,44 @@ class InputFrames:
         return frames, refused
 
     def pop(self) -> np.ndarray | None:
-        return self._frames.popleft() if self._frames else None
+        """The clock's side: the oldest frame, or None (the step goes on silence); counted."""
+        if not self._frames:
+            self.silent_frames += 1
+            return None
+        self.client_frames += 1
+        return self._frames.popleft()
 
     def clear(self) -> int:
         dropped = len(self._frames)
         self._frames.clear()
         self._partial = np.zeros(0, np.float32)
         return dropped
+
+
+class StepInbox:
+    """Model outputs handed from the frame clock to the session's owner, oldest first.
+
+    At most ``max_steps`` wait: :meth:`put` answers False beyond it (the output is not kept) and
+    the caller ends the session; the bound is set above the longest time nobody applies them
+    without the session ending anyway (a detached grace, a send the watchdog ends)."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self._outputs: deque[DuplexOutput | StepFailed] = deque()
+
+    def __len__(self) -> int:
+        return len(self._outputs)
+
+    def put(self, out: DuplexOutput | StepFailed) -> bool:
+        if len(self._outputs) >= self.max_steps:
+            return False
+        self._outputs.append(out)
+        return True
+
+    def take(self) -> list[DuplexOutput | StepFailed]:
+        outputs = list(self._outputs)
+        self._outputs.clear()
+        return outputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +131,7 @@ class Pending:
 
 @dataclass(eq=False)
 class Attachment:
-    """One socket of the session: what is queued for it, and whether a flush is already posted."""
+    """One socket of the session: what is queued for it, and whether a :class:`Flush` is posted."""
 
     conn: Connection
     opus: bool
@@ -99,12 +142,12 @@ class Attachment:
 
 @dataclass(frozen=True)
 class Flush:
-    """Runner item: write what the session queued for this socket."""
+    """Runner item: apply the clock's outputs, then write what the session queued for this socket."""
 
 
 @dataclass(frozen=True)
 class StepFailed:
-    """A model step's typed error (a ``DuplexError``), carried to ``on_step`` as an output."""
+    """A model step's typed error (a ``DuplexError``), carried to the owner as an output."""
 
     error: Exception
 
@@ -118,6 +161,7 @@ class DuplexSession:
         turns: Turns,
         journal: Journal,
         max_input_frames: int,
+        max_unapplied_steps: int,
         silence: Callable[[], DuplexInput],
         media: Executor,
         opus_bitrate: int,
@@ -130,32 +174,56 @@ class DuplexSession:
         self.turns = turns
         self.journal = journal
         self.frames = InputFrames(max_input_frames)
+        self.inbox = StepInbox(max_unapplied_steps)
         self.resume_token = new_token()
         self.epoch = 0
         self.step = 0  # the model's last step index
         self.attachment: Attachment | None = None
         self.detached_at: float | None = None
         self.grace_timer: Any = None  # asyncio.TimerHandle while detached
-        self.client_frames = 0
-        self.silent_frames = 0
         self._silence = silence
         self._media = media
         self._opus_bitrate = opus_bitrate
         self._on_failed = on_failed
         self._on_frame = on_frame
 
-    # -- the frame clock's side -----------------------------------------------------------
+    @property
+    def client_frames(self) -> int:
+        return self.frames.client_frames
+
+    @property
+    def silent_frames(self) -> int:
+        return self.frames.silent_frames
+
+    # -- the frame clock's side (hand-off channels only: see the module docstring) ----------
     def next_input(self) -> DuplexInput:
         """The next frame the clock steps this session on: the client's, else silence (counted)."""
         pcm = self.frames.pop()
         self._on_frame(pcm is None)
-        if pcm is None:
-            self.silent_frames += 1
-            return self._silence()
-        self.client_frames += 1
-        return DuplexInput(pcm)
+        return self._silence() if pcm is None else DuplexInput(pcm)
 
-    def on_step(self, out: DuplexOutput | StepFailed) -> None:
+    def deliver(self, out: DuplexOutput | StepFailed) -> bool:
+        """Hand one step's output to the owner (woken with a :class:`Flush` while attached);
+        False when the inbox is full (the output is dropped: the caller ends the session)."""
+        if not self.inbox.put(out):
+            return False
+        att = self.attachment
+        if att is not None and not att.flush_posted:
+            att.flush_posted = True
+            att.conn.post(Flush())
+        return True
+
+    # -- the owner's side -----------------------------------------------------------------
+    def owned_by(self, conn: Connection) -> bool:
+        """Whether ``conn``'s runner owns the session (it is attached to ``conn``)."""
+        return self.attachment is not None and self.attachment.conn is conn
+
+    def apply_outputs(self) -> None:
+        """Apply every output the clock handed over, in step order (the owner's call)."""
+        for out in self.inbox.take():
+            self._apply(out)
+
+    def _apply(self, out: DuplexOutput | StepFailed) -> None:
         if isinstance(out, StepFailed):
             self._on_failed(self, out.error)
             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from realtime.kinds import duplex as duplex_kind
 from tests.duplex.kind_server import always, audio_steps, connect, duplex_server
 
 
@@ -14,8 +15,15 @@ async def test_resume_replays_missed_events_exactly_once_and_rejects_a_wrong_tok
             sid, token = created["session"]["id"], created["resume_token"]
             received = [created, *(await c.until("response.output_audio.delta")), await c.next()]
         last = received[-1]["server_event_seq"]
-        await asyncio.sleep(0.5)  # the session goes on stepping while detached: events are journaled
-        assert sid in service.sessions and service.sessions[sid].attachment is None
+        await asyncio.sleep(0.5)  # the session goes on stepping while detached
+        ds = service.sessions[sid]
+        assert ds.attachment is None
+        seq_detached, waiting = ds.journal.last_seq, len(ds.inbox)
+        await asyncio.sleep(0.3)
+        assert ds.journal.last_seq == seq_detached, (
+            "nobody owns a detached session: the clock changes nothing"
+        )
+        assert len(ds.inbox) >= waiting + 2, "its outputs wait for the owner a resume makes"
         async with connect(f"{base}/v1/duplex?autostart=0") as r:
             await r.send(
                 type="session.resume",
@@ -68,6 +76,23 @@ async def test_a_detached_session_expires_after_the_grace_period(monkeypatch) ->
             await r.send(type="session.resume", session_id=sid, resume_token=created["resume_token"])
             expired = await r.next()
         assert expired["type"] == "session.expired" and expired["reason"] == "disconnect_grace_expired"
+
+
+async def test_a_detached_session_whose_step_inbox_fills_is_released(monkeypatch) -> None:
+    monkeypatch.setattr(duplex_kind.DuplexService, "max_unapplied_steps", lambda self: 4)
+    async with duplex_server(monkeypatch, speak=always) as (base, service, _):
+        async with connect(f"{base}/v1/duplex") as c:
+            created = await c.next()
+        await asyncio.sleep(1.0)  # 12 steps: over the inbox's 4 long before the 30 s grace
+        assert len(service.manager) == 0 and not service.sessions
+        async with connect(f"{base}/v1/duplex?autostart=0") as r:
+            await r.send(
+                type="session.resume",
+                session_id=created["session"]["id"],
+                resume_token=created["resume_token"],
+            )
+            expired = await r.next()
+        assert expired["type"] == "session.expired" and expired["reason"] == "step_inbox_full"
 
 
 async def test_a_client_close_ends_the_session_at_once(monkeypatch) -> None:
