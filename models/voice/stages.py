@@ -29,13 +29,12 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import soxr
 
 from models.stage import StageItem
-from models.voice.asr import Transcript, WhisperAsr
 from models.voice.audio import Resampler
 from models.voice.llm import ChatMessage, ChatUsage, TransformersChat
 from models.voice.tool_calls import (
@@ -53,6 +52,9 @@ from models.voice.tts import SAMPLE_RATE as TTS_RATE
 from models.voice.tts import ClauseSplitter, HibariTts, split_clauses
 from models.voice.vad import SAMPLE_RATE as VAD_RATE
 from models.voice.vad import SileroVad, VadStream
+
+if TYPE_CHECKING:  # faster-whisper and CTranslate2 load only where an ASR stage is built
+    from models.voice.asr import Transcript, WhisperAsr
 
 # ------------------------------------------------------------------------------------- VAD
 

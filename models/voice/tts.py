@@ -14,7 +14,6 @@ import threading
 from collections.abc import Iterable, Iterator
 
 import numpy as np
-from hibari import Hibari
 
 from models.voice.weights import PackagedFile, verified_path
 
@@ -44,6 +43,8 @@ class HibariTts:
     sample_rate = SAMPLE_RATE
 
     def __init__(self, threads: int = 1) -> None:
+        from hibari import Hibari  # here: the clause splitting above needs no TTS runtime
+
         self._voice = Hibari(model=str(verified_path(HIBARI_ONNX)), threads=threads)
         self._lock = threading.Lock()
         self.synthesize("Ready.")
