@@ -11,20 +11,23 @@ scraper. Contract of :func:`server_status` (read on the event loop; nothing is r
   ``expired``, ``rejected``; ``null`` stats while the kind is still loading;
 - ``stages``: per stage engine, from the engine histograms of the app's registry (cumulative since
   start): ``batch_size``, ``forward_ms`` (one batched forward) and ``item_ms`` (submit to output:
-  queueing + forward), each ``{count, mean, p50, p95}`` (quantiles interpolated within the
+  queueing + forward), each ``{count, mean, p50, p95, p99}`` (quantiles interpolated within the
   histogram's buckets, as Prometheus' ``histogram_quantile``; ``null`` before any observation),
-  plus ``queue_depth`` and ``slots_open`` now.
+  plus ``queue_depth`` and ``slots_open`` now;
+- ``latencies``: the key latency of each enabled kind (:data:`_LATENCIES`), ``{kind, name, what,
+  ms, counts}``: voice time to first audio, duplex step time (``counts``: steps, late and missed
+  steps, start lateness p99 in ms), world event to chunk, robot request; ``ms`` as above.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.samples import Sample
 
 # engine histogram family -> (status field, scale to the field's unit)
 _HISTOGRAMS = {
@@ -33,6 +36,7 @@ _HISTOGRAMS = {
     "engine_item_seconds": ("item_ms", 1000.0),
 }
 _GAUGES = {"engine_queue_depth": "queue_depth", "engine_slots_open": "slots_open"}
+_MS = 1000.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class Distribution:
     mean: float
     p50: float
     p95: float
+    p99: float
 
 
 @dataclass
@@ -69,6 +74,69 @@ class KindStatus:
     rejected: int = 0
 
 
+@dataclass(frozen=True)
+class KeyLatency:
+    """One latency a person watches for a kind: ``ms`` from the named histogram (``null`` before
+    the first observation), ``counts`` of related events, and what exactly is measured."""
+
+    kind: str
+    name: str
+    what: str
+    ms: Distribution | None
+    counts: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _LatencySource:
+    kind: str
+    name: str
+    what: str
+    histogram: str
+    labels: dict[str, str] = field(default_factory=dict)
+    # status key -> (metric family, scale); counters are read by family name (no ``_total``)
+    counts: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+
+# The key latency of each kind. Stage names are the kinds' own: "robot-policy"
+# (realtime/kinds/robot.py), "duplex" (models/duplex/stage.py).
+_LATENCIES = (
+    _LatencySource(
+        "voice",
+        "time_to_first_audio",
+        "committed user turn (speech_stopped or commit) -> the answer's first audio delta",
+        "voice_time_to_first_audio_seconds",
+    ),
+    _LatencySource(
+        "duplex",
+        "step",
+        "one lockstep step of every session (batched forward), against the 80 ms period",
+        "engine_forward_seconds",
+        {"stage": "duplex"},
+        {
+            "steps": ("duplex_steps", 1.0),
+            "late_steps": ("duplex_late_steps", 1.0),
+            "missed_steps": ("duplex_missed_steps", 1.0),
+            "lateness_p99_ms": ("duplex_step_lateness_p99_seconds", _MS),
+        },
+    ),
+    _LatencySource(
+        "world",
+        "event_to_chunk",
+        "accepted control event -> the chunk that applied it handed to the socket "
+        "(key-to-photon adds the page's jitter buffer and decode: see the world page)",
+        "world_event_to_chunk_seconds",
+    ),
+    _LatencySource(
+        "robot",
+        "request",
+        "observation submitted -> action chunk out (queue + batched forward; msgpack decode and "
+        "encode excluded)",
+        "engine_item_seconds",
+        {"stage": "robot-policy"},
+    ),
+)
+
+
 def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     """The ``q`` quantile of cumulative ``(upper bound, count)`` buckets (last bound ``inf``),
     linearly interpolated inside the bucket that holds it; the first bucket's bound when it falls
@@ -87,41 +155,71 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     return lower
 
 
-def _distribution(buckets: list[tuple[float, float]], total: float, scale: float) -> Distribution | None:
-    buckets.sort()
+def _families(registry: CollectorRegistry) -> dict[str, list[Sample]]:
+    """Every sample of ``registry``, by metric family name."""
+    return {family.name: list(family.samples) for family in registry.collect()}
+
+
+def _matches(sample: Sample, labels: dict[str, str]) -> bool:
+    return all(sample.labels.get(k) == v for k, v in labels.items())
+
+
+def _histogram(samples: list[Sample], labels: dict[str, str], scale: float) -> Distribution | None:
+    """The distribution of the one histogram series of ``samples`` with ``labels``."""
+    buckets = sorted(
+        (float(s.labels["le"]), s.value)
+        for s in samples
+        if s.name.endswith("_bucket") and _matches(s, labels)
+    )
     count = int(buckets[-1][1]) if buckets else 0
     if count == 0:
         return None
+    total = sum(s.value for s in samples if s.name.endswith("_sum") and _matches(s, labels))
     return Distribution(
         count=count,
         mean=round(total / count * scale, 3),
         p50=round(bucket_quantile(0.5, buckets) * scale, 3),
         p95=round(bucket_quantile(0.95, buckets) * scale, 3),
+        p99=round(bucket_quantile(0.99, buckets) * scale, 3),
     )
 
 
-def stage_statuses(registry: CollectorRegistry) -> list[StageStatus]:
-    """Per-stage engine figures from ``registry`` (module docstring), sorted by stage name."""
+def _value(samples: list[Sample]) -> float:
+    """A counter's or gauge's one unlabelled value (counters: the ``_total`` sample)."""
+    return sum(s.value for s in samples if not s.name.endswith(("_created", "_bucket", "_sum", "_count")))
+
+
+def stage_statuses(families: dict[str, list[Sample]]) -> list[StageStatus]:
+    """Per-stage engine figures (module docstring), sorted by stage name."""
     stages: dict[str, StageStatus] = {}
-    buckets: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
-    sums: dict[tuple[str, str], float] = defaultdict(float)
-    for family in registry.collect():
-        for sample in family.samples:
+    for name in (*_HISTOGRAMS, *_GAUGES):
+        for sample in families.get(name, ()):
             stage = sample.labels.get("stage")
-            if stage is None:
-                continue
-            status = stages.setdefault(stage, StageStatus(stage))
-            if family.name in _HISTOGRAMS:
-                if sample.name.endswith("_bucket"):
-                    buckets[family.name, stage].append((float(sample.labels["le"]), sample.value))
-                elif sample.name.endswith("_sum"):
-                    sums[family.name, stage] = sample.value
-            elif family.name in _GAUGES:
-                setattr(status, _GAUGES[family.name], int(sample.value))
-    for (name, stage), found in buckets.items():
-        attr, scale = _HISTOGRAMS[name]
-        setattr(stages[stage], attr, _distribution(found, sums[name, stage], scale))
+            if stage is not None and stage not in stages:
+                stages[stage] = StageStatus(stage)
+    for stage, status in stages.items():
+        for name, (attr, scale) in _HISTOGRAMS.items():
+            setattr(status, attr, _histogram(families.get(name, []), {"stage": stage}, scale))
+        for name, attr in _GAUGES.items():
+            found = [s for s in families.get(name, ()) if s.labels.get("stage") == stage]
+            setattr(status, attr, int(_value(found)))
     return [stages[name] for name in sorted(stages)]
+
+
+def key_latencies(families: dict[str, list[Sample]], kinds: Iterable[str]) -> list[KeyLatency]:
+    """The key latency of each of ``kinds`` that has one (:data:`_LATENCIES`), in that order."""
+    enabled = set(kinds)
+    return [
+        KeyLatency(
+            source.kind,
+            source.name,
+            source.what,
+            _histogram(families.get(source.histogram, []), source.labels, _MS),
+            {key: round(_value(families.get(f, [])) * scale, 3) for key, (f, scale) in source.counts.items()},
+        )
+        for source in _LATENCIES
+        if source.kind in enabled
+    ]
 
 
 def kind_status(kind: Any, websockets: int) -> KindStatus:
@@ -158,6 +256,7 @@ def server_status(
 ) -> dict[str, Any]:
     """The ``/v1/status`` document (module docstring)."""
     kinds = list(kinds)
+    families = _families(registry)
     return {
         "object": "status",
         "ready": ready,
@@ -169,5 +268,6 @@ def server_status(
             "websockets": {k.kind: k.websockets for k in kinds},
         },
         "kinds": [asdict(k) for k in kinds],
-        "stages": [asdict(s) for s in stage_statuses(registry)],
+        "stages": [asdict(s) for s in stage_statuses(families)],
+        "latencies": [asdict(k) for k in key_latencies(families, (k.kind for k in kinds))],
     }

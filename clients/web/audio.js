@@ -85,6 +85,8 @@ export class Player {
     }
     return ms;
   }
+  /** Forget a finished item's counters (a long duplex session has many). */
+  forget(itemId) { this.receivedMs.delete(itemId); this.heardMs.delete(itemId); }
   /** Stop at once and drop the queue. Returns the items that were cut: [{itemId, playedMs,
    * receivedMs}] (what was heard is what conversation.item.truncate should keep). */
   clear() {

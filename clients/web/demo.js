@@ -11,6 +11,7 @@ export const keyQuery = apiKey ? "?api_key=" + encodeURIComponent(apiKey) : "";
 export const PAGES = [
   ["", "Home", "what this server serves"],
   ["voice", "Voice", "talk to the voice model (OpenAI Realtime, server VAD, barge-in)"],
+  ["duplex", "Duplex", "talk with the full-duplex model (listens and speaks at once; resume after a drop)"],
   ["world", "World", "drive the world model with the keyboard and mouse"],
   ["robot", "Robot", "send observations to the robot policy (OpenPI), plot its action chunks"],
   ["status", "Status", "sessions, capacity, batch sizes and latencies, live"],

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import soxr
+from prometheus_client import Histogram
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
@@ -98,6 +99,7 @@ _TERMINAL = ("close", "disconnect", "idle", "lifetime", "evicted", "shutdown")
 # the wait of a semantic model; these silences sit well inside them).
 SEMANTIC_VAD_SILENCE_MS = {"low": 800, "medium": 500, "auto": 500, "high": 250}
 SEMANTIC_VAD = ServerVad()  # threshold and prefix padding of the semantic_vad mapping
+TTFA_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
 
 def voice_input(snapshot: Any) -> Any:
@@ -137,6 +139,12 @@ class VoiceService(KindServiceBase):
         self.asr_engine: StageEngine | None = None
         self.pipeline: Pipeline | None = None
         self.default_instructions = ""
+        self.ttfa = Histogram(
+            "voice_time_to_first_audio_seconds",
+            "committed user turn (speech_stopped or input_audio_buffer.commit) -> its answer's first audio delta",
+            buckets=TTFA_BUCKETS,
+            registry=ctx.registry,
+        )
 
     def routes(self) -> list[BaseRoute]:
         return [WebSocketRoute(PATH, self._endpoint)]
@@ -295,6 +303,7 @@ class _Response:
     started: bool = False
     cancel_reason: str | None = None
     after_id: str | None = None
+    turn_committed_at: float | None = None  # monotonic time of the commit it answers (time to first audio)
 
     @property
     def ref(self) -> ev.PartRef:
@@ -418,6 +427,7 @@ class _VoiceHandler:
         self.response: _Response | None = None
         self.queued_response: ResponseSettings | None = None  # server VAD's, after a barge-in
         self.last_response_id = ""
+        self.committed_at: float | None = None  # the last commit not answered yet
 
     # -- KindHandler ----------------------------------------------------------------------
     async def opened(self, conn: Connection) -> None:
@@ -802,6 +812,7 @@ class _VoiceHandler:
 
     async def _commit(self, conn: Connection, item_id: str, audio: np.ndarray) -> None:
         """The utterance becomes a user item; its transcription starts (a child task)."""
+        self.committed_at = time.monotonic()
         user = Message(item_id, "user", (InputAudio(None, None),))
         previous = self.items.insert(user, None)
         await self._send(
@@ -847,6 +858,7 @@ class _VoiceHandler:
             return
         conversation = self.conversation_id if settings.conversation != "none" else None
         response = _Response(ev.ResponseState(new_id("resp"), settings, conversation_id=conversation))
+        response.turn_committed_at, self.committed_at = self.committed_at, None
         self.response = response
         self.last_response_id = response.state.id
         await self._send(conn, ev.ResponseCreated(response.state))
@@ -933,6 +945,8 @@ class _VoiceHandler:
                         else ev.TextDelta(ref, speech.text)
                     )
                 if speech.audio.size:
+                    if r.turn_committed_at is not None and audio_bytes == 0:
+                        self.service.ttfa.observe(time.monotonic() - r.turn_committed_at)
                     data = _encode_audio(speech.audio, fmt)
                     audio_bytes += len(data)
                     room = ev.MAX_RETRIEVED_AUDIO_BYTES - len(kept)
