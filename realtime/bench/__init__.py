@@ -15,6 +15,7 @@ SCENARIOS: dict[str, str] = {
     "world": "realtime.bench.world",
     "voice": "realtime.bench.voice",
     "duplex": "realtime.bench.duplex",
+    "llm": "realtime.bench.llm",
 }
 
 

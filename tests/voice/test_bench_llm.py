@@ -1,0 +1,83 @@
+"""``realtime bench llm`` (realtime/bench/llm.py) at the tiny shape, and the transformers chat
+backend on CUDA (``TransformersChat(device="cuda")``; skipped without a GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from models.voice.llm import ChatMessage, TransformersChat
+from realtime.bench import run_scenario
+from tests.voice.tiny_chat_model import build_tiny_chat_model
+
+SMALL_RUN = ["--shape", "tiny", "--conversations", "1", "2", "--rounds", "1"]
+SMALL_RUN += ["--turn1-tokens", "60", "--turn2-tokens", "16", "--max-new-tokens", "8"]
+
+
+def run_bench(capsys, *extra: str) -> dict:
+    assert run_scenario("llm", [*SMALL_RUN, *extra]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_bench_llm_reports_ttft_itl_and_the_resident_kv_ratio(capsys):
+    figures = run_bench(capsys)
+    for n in (1, 2):
+        assert figures[f"ttft_ms_{n}"] > 0 and figures[f"ttft_reprefill_ms_{n}"] > 0
+        assert 0 < figures[f"itl_ms_{n}"] <= figures[f"itl_p95_ms_{n}"]
+        assert figures[f"tokens_per_s_{n}"] > 0
+    assert (
+        figures["resident_vs_reprefill_ttft_ratio"]
+        == figures["resident_vs_reprefill_ttft_ratio_by_conversations"]["1"]
+    )
+    # every reply has the same length (the text-only random model never emits EOS)
+    assert figures["generated_tokens_min"] == figures["generated_tokens_max"] == 8
+    assert abs(figures["prompt_tokens_turn1"] - 60) <= 3
+    # turn 2 resident reuses at least turn 1's prompt; the re-prefilled turn 2 reuses nothing
+    assert (
+        figures["prompt_tokens_turn1"] <= figures["cached_tokens_resident"] < figures["prompt_tokens_turn2"]
+    )
+    assert figures["cached_tokens_reprefill"] == 0
+    assert figures["device"] == "cpu" and figures["dtype"] == "float32"
+    assert figures["shape"]["hidden_size"] == 128 and figures["shape"]["num_key_value_heads"] == 2
+
+
+def two_turns(chat: TransformersChat) -> tuple[list[str], int]:
+    """Two greedy turns of one conversation: the replies and turn 2's cached prompt tokens."""
+    chat.open("c")
+    try:
+        first = [ChatMessage("user", "Tell me about the session server.")]
+        reply = "".join(chat.generate("c", first, max_new_tokens=12))
+        second = [*first, ChatMessage("assistant", reply), ChatMessage("user", "And then?")]
+        again = "".join(chat.generate("c", second, max_new_tokens=12))
+        return [reply, again], chat.last_cached_tokens("c")
+    finally:
+        chat.release("c")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_transformers_chat_on_cuda_matches_the_cpu_with_resident_kv(tmp_path):
+    directory = build_tiny_chat_model(tmp_path / "tiny")
+    on_cpu = two_turns(TransformersChat(directory))
+    gpu = TransformersChat(directory, device="cuda")
+    assert gpu.model.device.type == "cuda"
+    before = torch.cuda.memory_allocated()
+    gpu.open("kept")
+    list(gpu.generate("kept", [ChatMessage("user", "Hello there.")], max_new_tokens=4))
+    assert torch.cuda.memory_allocated() > before  # the conversation's KV lives on the GPU
+    gpu.release("kept")
+    replies, cached = two_turns(gpu)
+    assert cached > 0
+    assert (replies, cached) == on_cpu  # float32 greedy: the same tokens as on the CPU
+    half = TransformersChat(directory, device="cuda", dtype=torch.bfloat16)
+    assert two_turns(half)[1] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bench_llm_runs_on_cuda_in_bfloat16(capsys):
+    figures = run_bench(capsys, "--device", "cuda")
+    assert figures["device"] == "cuda" and figures["dtype"] == "bfloat16"
+    assert figures["cached_tokens_resident"] > 0 and figures["tokens_per_s_2"] > 0
