@@ -45,7 +45,7 @@ from realtime.connections import TRANSPORT_EXTENSION
 from realtime.logs import log_internal_error
 from realtime.ws import CloseCode, close_quietly
 from sessions.log_context import current_session_id
-from sessions.manager import SessionManager
+from sessions.manager import QueuePositionFn, SessionManager
 from sessions.runner import SessionRunner
 from sessions.session import Session
 
@@ -322,6 +322,7 @@ class Connection:
         self.handler = handler
         self.manager = manager
         self.session: Session | None = None
+        self._admitting = False  # waiting in the admission queue: the start deadline does not apply
         #: The kind's outbound epoch: bump it (reset, close) and queued items of older ones drop.
         self.epoch = 0
         self.outbound = Outbound(
@@ -347,9 +348,15 @@ class Connection:
             self._runner = SessionRunner(self._handle, mailbox_size=mailbox_items, session_id=kind)
 
     # -- what handlers call ---------------------------------------------------------------
-    async def create_session(self) -> Session:
-        """Admit the connection's session (raises ``SessionError``: capacity, shutdown)."""
-        return self.adopt(await self.manager.create())
+    async def create_session(self, on_queue_position: QueuePositionFn | None = None) -> Session:
+        """Admit the connection's session (raises ``SessionError``: capacity, shutdown). While it
+        waits in the admission queue (``runtime.over_capacity: queue``) ``on_queue_position(n)``
+        hears its 1-based position and the start deadline does not apply (the queue has its own)."""
+        self._admitting = True
+        try:
+            return self.adopt(await self.manager.create(on_queue_position=on_queue_position))
+        finally:
+            self._admitting = False
 
     def adopt(self, session: Session) -> Session:
         """Make ``session`` this connection's: a new one, or one that outlived its socket (resume)."""
@@ -500,6 +507,8 @@ class Connection:
 
     async def _start_deadline(self) -> None:
         await asyncio.sleep(self.start_timeout_s)
+        while self._admitting:
+            await asyncio.sleep(self.start_timeout_s)
         if self.session is None:
             self.end("start_timeout")
         await self._ended.wait()  # finishing early would end the connection

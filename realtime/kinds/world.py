@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
@@ -96,6 +96,12 @@ class WorldService(KindServiceBase):
         self.pipeline: Pipeline | None = None
         self.errors = Counter(
             "realtime_world_errors", "world protocol errors by code", ["code"], registry=ctx.registry
+        )
+        self.event_to_chunk = Histogram(
+            "world_event_to_chunk_seconds",
+            "accepted control event -> the first chunk that applied it handed to the socket",
+            buckets=(0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0),
+            registry=ctx.registry,
         )
 
     @property
@@ -252,6 +258,7 @@ class _Sent:
     frames: int
     started: float
     at: float  # time.monotonic() when the writer was done with it
+    event_at: float | None  # when the oldest event it applied was accepted (event to chunk)
 
 
 class _Wake:
@@ -289,6 +296,8 @@ class _WorldHandler:
         self.timer: asyncio.TimerHandle | None = None
         self.wake: _Wake | None = None  # what the pending timer will post
         self.client_ts: dict[int, float] = {}  # event id -> client timestamp, until applied
+        self.accepted_at: dict[int, float] = {}  # event id -> time.monotonic() accepted, until applied
+        self.queue_sends: list[asyncio.Task] = []  # session.queued frames on their way (_queued)
 
     async def opened(self, conn: Connection) -> None:
         bad = proto.check_version(self.protocol_version)
@@ -331,13 +340,21 @@ class _WorldHandler:
         self._maybe_tick(conn)
 
     # -- commands -------------------------------------------------------------------------
+    def _queued(self, conn: Connection, position: int) -> None:
+        """The admission queue's position callback: it runs while the runner waits in
+        ``create_session``, so the frame reaches the writer from a task of its own."""
+        self.queue_sends.append(asyncio.create_task(conn.send(proto.render_queued(position))))
+
     async def _start(self, conn: Connection, cmd: proto.Start) -> None:
         try:
-            session = await conn.create_session()
+            session = await conn.create_session(on_queue_position=functools.partial(self._queued, conn))
         except SessionError as exc:
             await conn.send(self._error(exc.code, exc.message))
             conn.end("capacity", exc.message)
             return
+        finally:
+            await asyncio.gather(*self.queue_sends, return_exceptions=True)  # positions before created
+            self.queue_sends.clear()
         wc = self.service.config
         self.start = cmd
         self.payload = WorldTickPayload(
@@ -357,6 +374,8 @@ class _WorldHandler:
             status = conn.session.accept_event(event)  # type: ignore[union-attr]
         except SessionError as exc:
             return self._error(exc.code, exc.message, event.event_id)
+        if status == "accepted":
+            self.accepted_at[event.event_id] = time.monotonic()
         if event.client_ts_ms is not None and status == "accepted":
             self.client_ts[event.event_id] = event.client_ts_ms
         return proto.render_event_ack(event.event_id, str(status))
@@ -374,6 +393,7 @@ class _WorldHandler:
         self.paused, self.frames_out = False, 0
         self.pacer.restart()  # type: ignore[union-attr]
         self.client_ts.clear()
+        self.accepted_at.clear()
         await conn.send(proto.render_reset_done(session.session_id))
 
     async def _close(self, conn: Connection) -> None:
@@ -455,18 +475,26 @@ class _WorldHandler:
         frames = meta["frame_count"]
         self.unsent += 1
         self.pacer.generated(frames)  # type: ignore[union-attr]
-        sent = functools.partial(self._post_sent, conn, done.generation, frames, done.started)
+        applied = [
+            self.accepted_at.pop(i) for i in result.metadata.applied_event_ids if i in self.accepted_at
+        ]
+        oldest = min(applied, default=None)
+        sent = functools.partial(self._post_sent, conn, done.generation, frames, done.started, oldest)
         await conn.outbound.send_later(_media(result.value.tail, meta), epoch=done.generation, on_done=sent)
 
     @staticmethod
-    def _post_sent(conn: Connection, generation: int, frames: int, started: float) -> None:
+    def _post_sent(
+        conn: Connection, generation: int, frames: int, started: float, event_at: float | None
+    ) -> None:
         """The writer's ``on_done``: only a message to the runner (it owns every counter)."""
-        conn.post(_Sent(generation, frames, started, time.monotonic()))
+        conn.post(_Sent(generation, frames, started, time.monotonic(), event_at))
 
     def _sent(self, conn: Connection, item: _Sent) -> None:
         self.unsent -= 1
         if item.generation == conn.epoch:  # an old world's chunk was dropped, not played
             self.pacer.sent(item.frames, item.at, item.at - item.started)  # type: ignore[union-attr]
+            if item.event_at is not None:
+                self.service.event_to_chunk.observe(item.at - item.event_at)
 
     def _chunk_metadata(self, result: TickOutput[PipelineResult], done: _TickDone) -> dict[str, Any]:
         start, cfg = self.start, self.service.model.cfg  # type: ignore[union-attr]

@@ -286,6 +286,11 @@ def render_created(session_id: str, capabilities: dict[str, Any]) -> str:
     )
 
 
+def render_queued(position: int) -> str:
+    """The socket's place in the admission queue (1 = next), before ``session.created``."""
+    return _dump({"type": "session.queued", "position": position})
+
+
 def render_event_ack(event_id: int, status: str) -> str:
     return _dump({"type": "session.event.ack", "event_id": event_id, "status": status})
 
