@@ -202,6 +202,7 @@ class VoiceConfig:
     max_conversation_items: PositiveInt = 256
     llm_context_tokens: PositiveInt = 2048
     llm_workers: PositiveInt = 4
+    llm_device: str = "cpu"  # the transformers backend's torch device: "cuda", "cuda:1", ...
     llm_backend: Literal["transformers", "vllm"] = "transformers"
     vllm_model_dir: str = ""  # "": the SmolLM2 safetensors the transformers backend converts
     vllm_kv_cache_memory_bytes: PositiveInt = 1 << 30

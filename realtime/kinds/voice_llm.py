@@ -43,7 +43,9 @@ def load_chat(c: VoiceConfig) -> Any:
         return vllm_chat(c)
     from models.voice.llm import TransformersChat
 
-    return TransformersChat(max_conversations=c.max_sessions, max_context_tokens=c.llm_context_tokens)
+    return TransformersChat(
+        max_conversations=c.max_sessions, max_context_tokens=c.llm_context_tokens, device=c.llm_device
+    )
 
 
 def llm_stage(c: VoiceConfig, chat: Any) -> Any:

@@ -81,3 +81,14 @@ def test_bench_llm_runs_on_cuda_in_bfloat16(capsys):
     figures = run_bench(capsys, "--device", "cuda")
     assert figures["device"] == "cuda" and figures["dtype"] == "bfloat16"
     assert figures["cached_tokens_resident"] > 0 and figures["tokens_per_s_2"] > 0
+
+
+def test_voice_llm_device_reaches_the_transformers_backend(monkeypatch):
+    import models.voice.llm as llm
+    from realtime.config import config_from_mapping
+    from realtime.kinds.voice_llm import load_chat
+
+    built: list[dict] = []
+    monkeypatch.setattr(llm, "TransformersChat", lambda **kwargs: built.append(kwargs))
+    load_chat(config_from_mapping({"voice": {"llm_device": "cuda:1"}}).voice)
+    assert built[0]["device"] == "cuda:1"
