@@ -547,16 +547,19 @@ class _DuplexHandler:
                 )
             )
         conn.adopt(ds.session)
-        self.ds = ds
-        ds.detach()  # this runner owns the session now: the outputs of its detached time go
-        ds.apply_outputs()  # to the journal, in order, before the replay
+        self.ds = ds  # this runner owns the session now
         entries, gap = ds.journal.after(item.last_received_server_event_seq)
         att = ds.attach(conn, opus=self.audio == OPUS)
         att.pending.extend(Pending(e.frame, None, None) for e in entries)
         ds.resume_token = new_token()
         if gap:
             ds.emit([de.ResyncRequired(ds.session_id, "journal_gap", ds.journal.first_available())])
-        ds.emit([de.SessionResumed(ds.session_id, ds.resume_token, len(entries))])
+        # The steps of the time no socket was attached were never sent: applied now, they go to
+        # this socket live, once, in its audio format (Ogg/Opus audio included), before resumed.
+        before = ds.journal.last_seq
+        ds.apply_outputs()
+        replayed = len(entries) + ds.journal.last_seq - before
+        ds.emit([de.SessionResumed(ds.session_id, ds.resume_token, replayed)])
 
     # -- client events --------------------------------------------------------------------
     async def _on_rejected(self, conn: Connection, ds: DuplexSession, item: Rejected) -> None:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 
+import av
+
+from models.duplex.stage import FRAME_SAMPLES, SAMPLE_RATE
 from realtime.kinds import duplex as duplex_kind
 from tests.duplex.kind_server import always, audio_steps, connect, duplex_server
 
@@ -46,6 +51,52 @@ async def test_resume_replays_missed_events_exactly_once_and_rejects_a_wrong_tok
         async with connect(f"{base}/v1/duplex?autostart=0") as again:  # the old token is rotated away
             await again.send(type="session.resume", session_id=sid, resume_token=token)
             assert (await again.next())["error"]["code"] == "invalid_resume_token"
+
+
+async def test_an_ogg_opus_resume_gets_the_detached_time_audio_once_as_a_new_stream(monkeypatch) -> None:
+    """Audio sent live as binary is not journaled; the steps of the detached time were never sent,
+    so the resumed socket gets them before ``session.resumed``: their JSON events with their seqs,
+    their audio as a new Ogg/Opus stream (header pages first)."""
+    async with duplex_server(monkeypatch, speak=always) as (base, service, _):
+        url = f"{base}/v1/duplex?audio_format=ogg_opus"
+        async with connect(url) as c:
+            created = json.loads(await c.ws.recv())
+            last, transcripts = created["server_event_seq"], 0
+            while transcripts < 2:
+                frame = await asyncio.wait_for(c.ws.recv(), 10)
+                if isinstance(frame, str):
+                    event = json.loads(frame)
+                    last = event["server_event_seq"]
+                    transcripts += event["type"] == "response.output_audio_transcript.delta"
+        sid = created["session"]["id"]
+        await asyncio.sleep(0.6)
+        ds = service.sessions[sid]
+        journaled_at_detach = ds.journal.last_seq
+        async with connect(url + "&autostart=0") as r:
+            await r.send(
+                type="session.resume",
+                session_id=sid,
+                resume_token=created["resume_token"],
+                last_received_server_event_seq=last,
+            )
+            stream, events = b"", []
+            while not events or events[-1]["type"] != "session.resumed":
+                frame = await asyncio.wait_for(r.ws.recv(), 10)
+                if isinstance(frame, bytes):
+                    stream += frame
+                else:
+                    events.append(json.loads(frame))
+        seqs = [e["server_event_seq"] for e in events]
+        assert seqs == list(range(last + 1, last + 1 + len(seqs))), "each JSON event once, none missing"
+        assert not [e for e in events if e["type"] == "response.output_audio.delta"], "audio stays binary"
+        detached = [e for e in events if e["server_event_seq"] > journaled_at_detach]
+        frames = len(audio_steps(detached))  # one transcript piece per speaking step (the script)
+        assert frames >= 5, "0.6 s of steps while detached"
+        assert stream.startswith(b"OggS") and b"OpusHead" in stream[:100], "a new Ogg stream"
+        with av.open(io.BytesIO(stream)) as container:
+            rate = container.streams.audio[0].rate
+            samples = sum(f.samples for f in container.decode(audio=0)) * SAMPLE_RATE // rate
+        assert abs(samples - frames * FRAME_SAMPLES) <= FRAME_SAMPLES // 2, (samples, frames)
 
 
 async def test_a_resume_replaces_the_socket_still_attached(monkeypatch) -> None:
