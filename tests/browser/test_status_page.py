@@ -5,7 +5,8 @@ HTTP: ``GET /`` redirects browsers to ``/demo/`` (query kept) and tells other cl
 demo files are served with their types and need the key like every route; ``/v1/status`` reports
 the robot's sessions, capacity and engine figures. Browser: ``/?api_key=`` lands on the landing
 page, which lists the served model and marks kinds that are off; the status page shows the robot
-session the robot page holds open, with its stage's batch sizes and latencies, and refreshes; a
+session the robot page holds open, with its stage's batch sizes and latencies and the robot's key latency
+(request), and refreshes; a
 page for a kind that is off says so readably; consoles stay clean.
 """
 
@@ -14,9 +15,11 @@ from __future__ import annotations
 import httpx
 import pytest
 import pytest_asyncio
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from realtime.config import config_from_mapping
-from realtime.status import bucket_quantile
+from realtime.status import bucket_quantile, key_latencies, server_status
 from tests.browser.conftest import open_page
 from tests.serving import serve_in_process
 
@@ -44,6 +47,39 @@ async def test_bucket_quantile_interpolates_like_histogram_quantile():
         bucket_quantile(0.5, [(1.0, 5.0), (2.0, 5.0), (float("inf"), 5.0)]) == 1.0
     )  # first bucket: its bound
     assert bucket_quantile(0.99, [(1.0, 0.0), (2.0, 1.0), (float("inf"), 2.0)]) == 2.0  # +Inf: highest bound
+
+
+async def test_key_latencies_read_each_kinds_histogram_and_counters():
+    registry = CollectorRegistry()
+    ttfa = Histogram("voice_time_to_first_audio_seconds", "", buckets=(0.25, 0.5, 1.0), registry=registry)
+    for seconds in (0.3, 0.4, 0.8):
+        ttfa.observe(seconds)
+
+    class Clock:  # the duplex kind's scrape-time counters
+        def collect(self):
+            for name, value in (("duplex_steps", 100), ("duplex_late_steps", 3), ("duplex_missed_steps", 1)):
+                family = CounterMetricFamily(name, "")
+                family.add_metric([], value)
+                yield family
+
+    registry.register(Clock())
+    voice, duplex = key_latencies(
+        {f.name: list(f.samples) for f in registry.collect()}, ("duplex", "voice", "echo")
+    )
+    assert voice.kind == "voice" and voice.ms.count == 3 and voice.ms.mean == 500.0 and voice.counts == {}
+    assert 250 < voice.ms.p50 <= 500 and voice.ms.p99 <= 1000
+    assert duplex.ms is None  # no step yet
+    assert duplex.counts == {"steps": 100, "late_steps": 3, "missed_steps": 1, "lateness_p99_ms": 0}
+    document = server_status(
+        ready=True,
+        draining=False,
+        version="x",
+        open_connections=0,
+        max_connections=1,
+        kinds=(),
+        registry=registry,
+    )
+    assert document["latencies"] == []  # only enabled kinds have rows
 
 
 async def test_routes_redirect_serve_files_and_need_the_key(base):
@@ -94,6 +130,7 @@ async def test_landing_and_status_pages_show_what_the_server_does(browser, base,
         await page.wait_for_function(f"window.statusStats.refreshes > {refreshes + 1}", timeout=10_000)
         kinds = await page.locator("#kinds").inner_text()
         stages = await page.locator("#stages").inner_text()
+        latencies = await page.locator("#latencies").inner_text()
         stats = await page.evaluate("window.statusStats")
 
     assert landed_at.endswith(f"/demo/?api_key={KEY}")
@@ -104,4 +141,8 @@ async def test_landing_and_status_pages_show_what_the_server_does(browser, base,
     stage = next(s for s in stats["last"]["stages"] if s["stage"] == "robot-policy")
     assert stage["batch_size"]["p50"] == 1 and stage["item_ms"]["mean"] > 0 and stage["slots_open"] == 1
     assert "robot-policy" in stages and stats["errors"] == []
+    (robot,) = stats["last"]["latencies"]  # the one enabled kind's key latency: its request
+    assert robot["kind"] == "robot" and robot["name"] == "request" and robot["ms"]["count"] >= 1
+    assert robot["ms"]["p50"] <= robot["ms"]["p95"] <= robot["ms"]["p99"]
+    assert "robot" in latencies and "request: observation submitted" in latencies
     assert landing_log.errors == [] and log.errors == [], (landing_log.errors, log.errors)
