@@ -644,6 +644,22 @@ class _DuplexHandler:
             [ev.ErrorEvent(result.with_event_id(item.event_id)) if isinstance(result, Rejected) else result]
         )
 
+    async def _on_event_ack(self, conn: Connection, ds: DuplexSession, item: dc.EventAck) -> None:
+        """Free the journal up to what the client holds (no answer: acks are frequent)."""
+        if item.server_event_seq > ds.journal.last_seq:
+            message = (
+                f"server_event_seq {item.server_event_seq} was not sent yet (last {ds.journal.last_seq})."
+            )
+            ds.emit(
+                [
+                    ev.ErrorEvent(
+                        Rejected(errors.ErrorCode.INVALID_VALUE, message, "server_event_seq", item.event_id)
+                    )
+                ]
+            )
+            return
+        ds.journal.release_through(item.server_event_seq)
+
     async def _on_heartbeat(self, conn: Connection, ds: DuplexSession, item: dc.Heartbeat) -> None:
         ds.emit([de.HeartbeatAck()])
 
@@ -675,6 +691,7 @@ class _DuplexHandler:
         ce.ItemDelete: _on_unsupported,
         ce.ItemTruncate: _on_unsupported,
         dc.PlaybackAck: _on_ack,
+        dc.EventAck: _on_event_ack,
         dc.Heartbeat: _on_heartbeat,
         dc.SessionClose: _on_close,
         dc.SessionResume: _on_resume_again,

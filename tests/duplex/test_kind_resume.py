@@ -99,6 +99,29 @@ async def test_an_ogg_opus_resume_gets_the_detached_time_audio_once_as_a_new_str
         assert abs(samples - frames * FRAME_SAMPLES) <= FRAME_SAMPLES // 2, (samples, frames)
 
 
+async def test_event_ack_frees_the_journal_up_to_the_acked_seq(monkeypatch) -> None:
+    async with duplex_server(monkeypatch, speak=always) as (base, service, _):
+        async with connect(f"{base}/v1/duplex") as c:
+            created = await c.next()
+            sid = created["session"]["id"]
+            acked = (await c.until("response.output_audio_transcript.delta"))[-1]["server_event_seq"]
+            await c.send(type="session.event_ack", server_event_seq=acked)
+            await c.send(type="session.event_ack", server_event_seq=acked + 10_000)
+            error = [e for e in await c.until("error") if e["type"] == "error"][-1]
+            assert error["error"]["code"] == "invalid_value" and error["error"]["param"] == "server_event_seq"
+            assert service.sessions[sid].journal.first_available() > acked
+        async with connect(f"{base}/v1/duplex?autostart=0") as r:
+            await r.send(
+                type="session.resume",
+                session_id=sid,
+                resume_token=created["resume_token"],
+                last_received_server_event_seq=acked - 1,
+            )
+            replay = await r.until("session.resumed")
+        resync = [e for e in replay if e["type"] == "session.resync_required"]
+        assert resync and resync[0]["reason"] == "journal_gap" and resync[0]["first_available_seq"] > acked
+
+
 async def test_a_resume_replaces_the_socket_still_attached(monkeypatch) -> None:
     async with duplex_server(monkeypatch, speak=lambda step: False) as (base, service, _):
         async with connect(f"{base}/v1/duplex") as first:

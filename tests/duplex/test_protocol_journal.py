@@ -73,3 +73,16 @@ def test_drop_stale_forgets_the_deltas_of_older_epochs_only() -> None:
     assert [e.seq for e in entries] == [3, 4] and not gap, "dropped deltas are neither sent nor a gap"
     assert journal.drop_stale(1) == 0
     assert journal.next_seq() == 5, "seqs are never reused"
+
+
+def test_release_through_forgets_what_the_client_holds() -> None:
+    journal = Journal(max_events=100, max_bytes=1 << 20)
+    _record(journal, 10, size=10)
+    assert journal.release_through(6) == 6
+    assert journal.first_available() == 7 and not journal.after(6)[1]
+    assert [e.seq for e in journal.after(6)[0]] == [7, 8, 9, 10]
+    assert journal.after(5)[1], "a resume from behind the ack is a gap"
+    assert journal.release_through(6) == 0, "idempotent"
+    assert journal.release_through(10) == 4 and journal.after(10) == ([], False)
+    _record(journal, 1)
+    assert [e.seq for e in journal.after(10)[0]] == [11]

@@ -4,6 +4,7 @@
 | --- | --- | --- |
 | ``playback.ack`` | :class:`PlaybackAck` | ``response_id``, ``played_ms`` (audio of it the client played) |
 | ``session.resume`` | :class:`SessionResume` | ``session_id``, ``resume_token``, ``last_received_server_event_seq`` |
+| ``session.event_ack`` | :class:`EventAck` | ``server_event_seq`` (every event up to it received) |
 | ``session.heartbeat`` | :class:`Heartbeat` | |
 | ``session.close`` | :class:`SessionClose` | |
 | (a binary frame, Ogg/Opus negotiated) | :class:`OpusAppend` | ``data``: Ogg pages of the user's audio |
@@ -39,6 +40,12 @@ class SessionResume:
     session_id: str
     resume_token: str
     last_received_server_event_seq: int  # 0: nothing received yet
+
+
+@dataclass(frozen=True)
+class EventAck:
+    event_id: str | None
+    server_event_seq: int
 
 
 @dataclass(frozen=True)
@@ -80,9 +87,14 @@ def _resume(o: Obj, event_id: str | None, limits: Limits) -> SessionResume:
     )
 
 
+def _event_ack(o: Obj, event_id: str | None, limits: Limits) -> EventAck:
+    return EventAck(event_id, o.read("server_event_seq", lambda v, p: f.integer(v, p, lo=0, hi=MAX_SEQ)))
+
+
 PARSERS: dict[str, Parser] = {
     "playback.ack": _ack,
     "session.resume": _resume,
+    "session.event_ack": _event_ack,
     "session.heartbeat": lambda o, event_id, limits: Heartbeat(event_id),
     "session.close": lambda o, event_id, limits: SessionClose(event_id),
 }

@@ -7,6 +7,8 @@ Contract:
   kept; the oldest go first. An entry alone larger than ``max_bytes`` is sent but not kept.
 - :meth:`Journal.after` is the replay of a resume: every kept entry with a seq above the client's
   cursor, in order, and whether some were lost to the bounds (a gap: the client must resync).
+- :meth:`Journal.release_through` is ``session.event_ack``: the client holds every event up to
+  a seq, so the journal forgets them early (a later resume from behind that seq is a gap).
 - :meth:`Journal.drop_stale` forgets the audio and transcript deltas of epochs before a barge-in,
   so a replay never sends audio of an interrupted response (the live socket drops them too).
 """
@@ -52,6 +54,16 @@ class Journal:
             self._bytes -= len(old.frame)
             self._trimmed_to = old.seq
         return entry
+
+    def release_through(self, seq: int) -> int:
+        """Forget every entry with a seq at or below ``seq`` (at most ``last_seq``); returns how many."""
+        dropped = 0
+        while self._entries and self._entries[0].seq <= seq:
+            old = self._entries.popleft()
+            self._bytes -= len(old.frame)
+            dropped += 1
+        self._trimmed_to = max(self._trimmed_to, min(seq, self._last_seq))
+        return dropped
 
     def after(self, cursor: int) -> tuple[list[Entry], bool]:
         """Entries with ``seq > cursor``, and True when some of them are no longer kept."""
