@@ -9,11 +9,13 @@ with what was played and the server's history holds exactly that (asserted on th
 ledger). "Drop connection" closes the socket; the page resumes with its token and last seq, the
 server replays what it missed, and every event is applied once: each response's transcript on the
 page equals the server's final transcript and the step numbers never repeat. The status page shows
-the duplex key-latency row. Consoles stay clean; screenshots are saved.
+the duplex key-latency row; "stop" releases the session at once. Consoles stay clean; screenshots
+are saved.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
@@ -70,6 +72,14 @@ async def test_duplex_page_plays_acks_and_resumes_after_a_drop(browser, monkeypa
             latencies = await status.locator("#latencies").inner_text()
             await status.screenshot(path=str(tmp_path / "duplex-status.png"), full_page=True)
 
+            await page.click("#stop")  # session.close: released at once, not kept for a resume
+            await page.wait_for_function("window.duplexStats.state === 'closed'", timeout=5_000)
+            for _ in range(50):
+                if len(service.manager) == 0:
+                    break
+                await asyncio.sleep(0.05)
+            released = len(service.manager) == 0 and not service.sessions
+
     # connected, audio arrived and played, the indicator followed the model's decisions
     assert before["appended"] > 10 and before["audioDeltas"] > 0 and before["ackedMs"] > 0, before
     assert {"speaking", "listening"} <= set(before["indicator"]) and indicator in ("speaking", "listening")
@@ -93,5 +103,6 @@ async def test_duplex_page_plays_acks_and_resumes_after_a_drop(browser, monkeypa
     assert steps == sorted(set(steps)) and len(steps) >= 3 * TURN_FRAMES, steps
     assert len(lines) - len({r["id"] for r in after["responses"]}) in (0, 1)  # one may be still open
     assert "duplex" in latencies and "late steps" in latencies
+    assert released, "stop sends session.close: the session is released, not kept for a resume"
     assert after["errors"] == [] and console.errors == [], (after["errors"], console.errors)
     assert (tmp_path / "duplex-page.png").stat().st_size > 0
