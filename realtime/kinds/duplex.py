@@ -25,14 +25,15 @@ on its socket and the skeleton's bounded outbound and send watchdog end that con
   socket's writer drops queued deltas, the journal forgets them): nothing of the old epoch is
   sent after. The response ends ``cancelled``; the model stays muted until it chooses to listen.
 - **Resume**: a dropped socket keeps the session, its slot and its clock for
-  ``duplex.resume_grace_s``; events go on into the journal. A socket opened with ``autostart=0``
-  sends ``session.resume``; the journal after the client's cursor is replayed exactly once, then
-  ``session.resumed`` (token rotated). A socket still attached gets ``session.replaced`` and
+  ``duplex.resume_grace_s``; its steps wait in its bounded step inbox. A socket opened with
+  ``autostart=0`` sends ``session.resume``; the journal after the client's cursor is replayed
+  exactly once, then the waiting steps' events (never sent before), then ``session.resumed``
+  (token rotated). ``session.event_ack`` frees the journal up to a seq. A socket still attached gets ``session.replaced`` and
   closes. After the grace the session is released (``session.expired`` to a late resume).
 - **Opus**: ``?audio_format=ogg_opus``: audio travels as Ogg/Opus in binary frames both ways
   (one Ogg stream per response); encoding and decoding run on one media thread, off the loop.
-  Binary audio is not journaled (a resumed socket gets the JSON events; audio restarts with the
-  next response's stream).
+  Binary audio sent live is not journaled (no seq says what arrived); the audio of the steps
+  taken while detached reaches the resumed socket once, as a new Ogg stream.
 """
 
 from __future__ import annotations

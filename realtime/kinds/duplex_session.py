@@ -46,7 +46,6 @@ from realtime.protocols.oai_realtime import server_events as ev
 from sessions.session import Session
 
 _DELTAS = (ev.AudioDelta, ev.TranscriptDelta)
-_RESPONSE_ENDS = (ev.ResponseDone,)
 
 
 def new_token() -> str:
@@ -243,14 +242,14 @@ class DuplexSession:
             if isinstance(event, ev.AudioDelta) and att is not None and att.opus:
                 self._queue_opus(att, pcm)
                 continue
+            if isinstance(event, ev.AudioDone) and att is not None and att.encoder is not None:
+                self._end_opus(att)  # the stream's last page leaves before response.output_audio.done
             frame = self.codec.frame(event, epoch=self.epoch, seq=self.journal.next_seq())
             if frame is None:
                 continue
             self.journal.record(frame, self.epoch, delta=delta)
             if att is not None:
                 att.pending.append(Pending(frame, None, self.epoch if delta else None))
-            if isinstance(event, _RESPONSE_ENDS) and att is not None and att.encoder is not None:
-                self._end_opus(att)
         self._post_flush()
 
     def send_only(self, event: ev.ServerEvent) -> None:

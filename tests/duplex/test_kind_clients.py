@@ -59,6 +59,9 @@ async def test_ogg_opus_audio_both_ways(monkeypatch) -> None:
                     stream += frame
                     continue
                 texts.append(frame)
+                if '"response.output_audio.done"' in frame:
+                    last_page = stream.rindex(b"OggS")
+                    assert stream[last_page + 5] & 0x04, "the stream's last page (EOS) came before it"
                 if '"response.done"' in frame:
                     break
             assert not [t for t in texts if "response.output_audio.delta" in t]  # audio is binary only
