@@ -97,6 +97,7 @@ async def test_duplex_page_plays_acks_and_resumes_after_a_drop(browser, monkeypa
     # the drop: resumed on the same session, missed events replayed and applied exactly once
     assert after["drops"] == 1 and attached_again and after["sessionId"] == before["sessionId"]
     assert after["resumes"][0]["replayed"] >= 5 and after["skipped"] == 0, after["resumes"]
+    assert 0 < before["eventAcked"] <= before["lastSeq"]  # the journal was freed up to what the page had
     for rid, final in after["finalTranscripts"].items():
         assert after["transcripts"].get(rid, "") == final, (rid, final)
     steps = [int(w) for line in lines for w in re.findall(r"w(\d+)", line)]
