@@ -28,8 +28,9 @@ on its socket and the skeleton's bounded outbound and send watchdog end that con
   ``duplex.resume_grace_s``; its steps wait in its bounded step inbox. A socket opened with
   ``autostart=0`` sends ``session.resume``; the journal after the client's cursor is replayed
   exactly once, then the waiting steps' events (never sent before), then ``session.resumed``
-  (token rotated). ``session.event_ack`` frees the journal up to a seq. A socket still attached gets ``session.replaced`` and
-  closes. After the grace the session is released (``session.expired`` to a late resume).
+  (token rotated). ``session.event_ack`` frees the journal up to a seq. A socket still attached
+  gets ``session.replaced`` and closes. After the grace the session is released
+  (``session.expired`` to a late resume).
 - **Opus**: ``?audio_format=ogg_opus``: audio travels as Ogg/Opus in binary frames both ways
   (one Ogg stream per response); encoding and decoding run on one media thread, off the loop.
   Binary audio sent live is not journaled (no seq says what arrived); the audio of the steps
@@ -349,8 +350,8 @@ class DuplexService(KindServiceBase):
     def _expire(self, session_id: str, reason: str) -> None:
         """Release a detached session; a later resume hears ``session.expired {reason}``."""
         ds = self.sessions.get(session_id)
-        if ds is None or ds.attachment is not None:
-            return
+        if ds is None or ds.attachment is not None or session_id in self.expired:
+            return  # gone, resumed, or its release is under way
         self.expired[session_id] = reason
         while len(self.expired) > MAX_EXPIRED_IDS:
             self.expired.popitem(last=False)

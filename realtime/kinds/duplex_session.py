@@ -2,21 +2,23 @@
 machines (``Turns``, ``Journal``), the epoch, and the socket it is attached to, if any.
 
 Ownership (architecture invariant 2). The session's one owner is the runner of the connection it
-is attached to: every method that changes the session (client commands, :meth:`DuplexSession.
-apply_outputs`, :meth:`DuplexSession.emit`, attach, detach) is called from that runner, one
-mailbox item at a time, and none of them awaits. The frame clock never changes the session; it
-meets it through two hand-off channels, each with one writer and one reader:
+is attached to: every method that changes the session (client commands, ``apply_outputs``,
+``emit``, attach, detach) is called from that runner, one mailbox item at a time, and none of
+them awaits. The frame clock never changes the session; it meets it through two hand-off
+channels, each with one writer and one reader:
 
 - input: the owner pushes the client's frames into :class:`InputFrames`; the clock's silence
   callback pops the next one (:meth:`DuplexSession.next_input`), or steps on silence;
 - output: the clock's ``on_output`` callback puts each step's output into the bounded
   :class:`StepInbox` (:meth:`DuplexSession.deliver`) and wakes the owner with one :class:`Flush`
-  item; the owner applies the outputs in step order, then writes what they queued.
+  item (the attachment's ``flush_posted`` flag, the channel's own); the owner applies the outputs
+  in step order, then writes what they queued.
 
 While no socket is attached nobody owns the session: the outputs wait in the inbox (at most
 ``StepInbox.max_steps``: the grace period's worth) and the connection that resumes it takes
-ownership and applies them, in order, before its replay. An item a replaced connection's runner
-still holds finds the session no longer its own (:meth:`DuplexSession.owned_by`) and is dropped.
+ownership, replays the journal, then applies them in order (their events were never sent). An
+item a replaced connection's runner still holds finds the session no longer its own
+(:meth:`DuplexSession.owned_by`) and is dropped.
 
 Every server event is rendered once with the next ``server_event_seq`` and the current ``epoch``
 and kept in the journal; while a socket is attached it is also queued for that socket. Audio and
@@ -206,10 +208,7 @@ class DuplexSession:
         False when the inbox is full (the output is dropped: the caller ends the session)."""
         if not self.inbox.put(out):
             return False
-        att = self.attachment
-        if att is not None and not att.flush_posted:
-            att.flush_posted = True
-            att.conn.post(Flush())
+        self._wake()
         return True
 
     # -- the owner's side -----------------------------------------------------------------
@@ -274,8 +273,13 @@ class DuplexSession:
         att.pending.append(Pending(None, self._media.submit(encoder.close), self.epoch))
 
     def _post_flush(self) -> None:
+        if self.attachment is not None and self.attachment.pending:
+            self._wake()
+
+    def _wake(self) -> None:
+        """One :class:`Flush` item posted to the attached connection's runner until it runs."""
         att = self.attachment
-        if att is not None and att.pending and not att.flush_posted:
+        if att is not None and not att.flush_posted:
             att.flush_posted = True
             att.conn.post(Flush())
 
