@@ -11,7 +11,8 @@ float32 on the CPU.
 
 Everything runs through :class:`~models.voice.stages.TransformersLlmStage`, the stage the voice
 kind runs, with ``voice.llm_workers`` = the number of conversations (each generates on its own
-thread, unbatched). Per round and conversation count ``n``, all ``n`` conversations at once:
+thread, unbatched). Per conversation count ``n``, rounds of three phases (``ceil(--replies / n)``
+rounds, so every phase has at least ``--replies`` replies), all ``n`` conversations at once:
 
 1. **turn 1**: a fresh conversation, a user message making a ``--turn1-tokens`` prompt;
 2. **turn 2, resident**: turn 1's messages, its reply, a ``--turn2-tokens`` user message; the
@@ -181,13 +182,16 @@ async def run_round(
 
 
 async def measure(chat: Any, n: int, args: argparse.Namespace) -> dict[str, Phase]:
-    """``args.rounds`` rounds at ``n`` conversations through a stage of ``n`` workers."""
+    """Rounds at ``n`` conversations through a stage of ``n`` workers, until every phase has at
+    least ``args.replies`` replies (``ceil(replies / n)`` rounds), after one unmeasured round of
+    2-token replies (every worker thread's first forward: CUDA context and cuBLAS handle)."""
     from models.voice.stages import TransformersLlmStage
 
     stage = TransformersLlmStage(chat, n, workers=n)
     try:
+        await run_round(stage, chat, n, argparse.Namespace(**{**vars(args), "max_new_tokens": 2}), -1)
         phases: dict[str, Phase] | None = None
-        for r in range(args.rounds):
+        for r in range(-(-args.replies // n)):
             got = await run_round(stage, chat, n, args, r)
             phases = got if phases is None else {k: phases[k] + got[k] for k in PHASES}
         assert phases is not None
@@ -277,7 +281,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--conversations", type=int, nargs="+", default=[1, 8, 32])
-    p.add_argument("--rounds", type=int, default=2, help="rounds per conversation count")
+    p.add_argument("--replies", type=int, default=8, help="replies per phase and count at least (rounds)")
     p.add_argument("--turn1-tokens", type=int, default=200, help="turn 1's whole prompt, in tokens")
     p.add_argument("--turn2-tokens", type=int, default=40, help="turn 2's new user message, in tokens")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -303,10 +307,8 @@ def main(argv: list[str]) -> int:
     print(
         f"llm stage (transformers) {name} on {args.device} {str(dtype).removeprefix('torch.')}: "
         f"loaded in {load_s:.1f} s; turn 1 prompt ~{args.turn1_tokens} tokens, turn 2 +{args.turn2_tokens}, "
-        f"{args.max_new_tokens} new tokens, greedy, {args.rounds} rounds"
+        f"{args.max_new_tokens} new tokens, greedy, >= {args.replies} replies per phase"
     )
-    warmup = argparse.Namespace(**{**vars(args), "max_new_tokens": 4, "rounds": 1})
-    asyncio.run(measure(chat, 1, warmup))  # CUDA context, kernels, allocator
     results = {n: asyncio.run(measure(chat, n, args)) for n in args.conversations}
     _print_table(results)
     figures = figures_of(results) | {
@@ -315,7 +317,7 @@ def main(argv: list[str]) -> int:
         "model": name,
         "shape": shape_of(chat.model.config),
         "max_new_tokens": args.max_new_tokens,
-        "rounds": args.rounds,
+        "replies_per_phase": {n: len(r["resident"].replies) for n, r in results.items()},
     }
     print(json.dumps(figures))
     return 0

@@ -14,7 +14,7 @@ from models.voice.random_chat_model import TINY, build_random_chat_model
 from realtime.bench import run_scenario
 from tests.voice.tiny_chat_model import build_tiny_chat_model
 
-SMALL_RUN = ["--shape", "tiny", "--conversations", "1", "2", "--rounds", "1"]
+SMALL_RUN = ["--shape", "tiny", "--conversations", "1", "2", "--replies", "2"]
 SMALL_RUN += ["--turn1-tokens", "60", "--turn2-tokens", "16", "--max-new-tokens", "8"]
 
 
