@@ -287,6 +287,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     args = p.parse_args(argv)
+    if min(args.conversations + [args.replies, args.max_new_tokens, args.turn2_tokens]) < 1:
+        p.error("--conversations, --replies, --max-new-tokens and --turn2-tokens must be at least 1")
     import torch
     from transformers.utils import logging as hf_logging
 
