@@ -85,8 +85,10 @@ class KVGeometry:
         return self.resident_frames * self.bytes_per_frame + self.cross_bytes
 
     def scratch_bytes(self, max_batch: int) -> int:
-        """Transient K/V of the in-flight blocks (one block per batched session)."""
-        return max_batch * self.frames_per_block * self.bytes_per_frame
+        """Transient K/V of one batched tick of ``max_batch`` sessions: per session, the gathered
+        past with room for its block (:meth:`KVPool.gather`) plus the clean pass's block K/V held
+        until the commit."""
+        return max_batch * (self.resident_frames + 2 * self.frames_per_block) * self.bytes_per_frame
 
     def capacity(self, budget_bytes: int, max_batch: int) -> int:
         """Largest ``c`` with ``scratch + c * bytes_per_session <= budget`` (at least 1 if it fits)."""
