@@ -21,7 +21,7 @@ from openai import AsyncOpenAI
 from realtime.config import config_from_mapping
 from realtime.protocols.oai_realtime import Dialect
 from tests.protocols.oai_realtime.sdk_models import validate_server_frame
-from tests.serving import serve_in_process
+from tests.serving import serve_in_process, wait_ready
 
 API_KEY = "voice-test-key"
 APPEND_BYTES = 9600  # 200 ms of pcm16 at 24 kHz per append, as browser clients send
@@ -29,9 +29,12 @@ MODELS = {Dialect.GA: "gpt-realtime", Dialect.BETA: "gpt-4o-realtime-preview"}
 
 
 @contextlib.asynccontextmanager
-async def voice_server(runtime: dict | None = None, **voice: object) -> AsyncIterator[tuple[str, object]]:
-    """``(ws base url "ws://127.0.0.1:PORT/v1", the voice service)`` of a server with only voice on;
-    ``voice`` and ``runtime`` override those config sections' fields."""
+async def voice_server(
+    runtime: dict | None = None, ready_timeout_s: float = 120.0, **voice: object
+) -> AsyncIterator[tuple[str, object]]:
+    """``(ws base url "ws://127.0.0.1:PORT/v1", the voice service)`` of a server with only voice on,
+    once ready (within ``ready_timeout_s``); ``voice`` and ``runtime`` override those config
+    sections' fields."""
     config = config_from_mapping(
         {
             "robot": {"enabled": False},
@@ -41,7 +44,8 @@ async def voice_server(runtime: dict | None = None, **voice: object) -> AsyncIte
             "voice": {"enabled": True, "max_sessions": 4, **voice},
         }
     )
-    async with serve_in_process(config) as (base, server):
+    async with serve_in_process(config, ready=False) as (base, server):
+        await wait_ready(base, ready_timeout_s)
         service = next(k for k in server.rt_app.state.rt.kinds if k.name == "voice")
         yield base.replace("http://", "ws://") + "/v1", service
 
