@@ -17,7 +17,7 @@ the same directory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass(frozen=True, slots=True)
 class ChatModelShape:
-    """A Qwen2 decoder's geometry (``vocab_size`` may exceed the tokenizer's vocab)."""
+    """A Qwen2 decoder's geometry, fields named as ``Qwen2Config``'s (``vocab_size`` may exceed
+    the tokenizer's vocab)."""
 
     name: str
     hidden_size: int
@@ -102,16 +103,10 @@ def build_random_chat_model(
 
     tokenizer = _train_tokenizer()
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    geometry = {f.name: getattr(shape, f.name) for f in fields(shape) if f.name != "name"}
     config = Qwen2Config(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        max_position_embeddings=shape.max_position_embeddings,
+        **geometry,
         tie_word_embeddings=True,
-        initializer_range=shape.initializer_range,
         eos_token_id=im_end,
         bos_token_id=im_end,
         pad_token_id=tokenizer.pad_token_id,
