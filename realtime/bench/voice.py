@@ -117,6 +117,9 @@ async def one_turn(url: str, pcm: bytes) -> float:
                     first_audio.set_result(time.perf_counter())
                 elif kind == "error":
                     raise RuntimeError(f"server error: {event['error']}")
+                elif kind == "response.done" and event["response"]["status"] == "failed":
+                    raise RuntimeError(f"response failed: {event['response'].get('status_details')}")
+            raise RuntimeError(f"server closed the socket: {ws.close_code} {ws.close_reason!r}")
 
         reader = asyncio.create_task(read())
         start = time.perf_counter()
@@ -127,9 +130,7 @@ async def one_turn(url: str, pcm: bytes) -> float:
         done, _ = await asyncio.wait({first_audio, reader}, timeout=120, return_when=asyncio.FIRST_COMPLETED)
         if first_audio not in done:
             reader.cancel()
-            raise RuntimeError(
-                "no audio within 120 s" if not done else f"reader ended: {reader.exception()!r}"
-            )
+            raise RuntimeError("no audio within 120 s" if not done else f"no audio: {reader.exception()}")
         await ws.send(json.dumps({"type": "response.cancel"}))
         reader.cancel()
         assert stopped is not None
