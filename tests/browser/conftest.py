@@ -96,3 +96,17 @@ async def open_page(browser, screenshot: Path) -> AsyncIterator[tuple[object, Co
         await page.screenshot(path=str(screenshot), full_page=True)
     finally:
         await context.close()
+
+
+def world_page_config():
+    """The deploy config the world page tests serve: the world kind alone (world-tiny, one torch
+    thread) with a fixed memory budget."""
+    from realtime.config import config_from_mapping
+
+    return config_from_mapping(
+        {
+            "robot": {"enabled": False},
+            "runtime": {"memory_available_bytes": 2**30},
+            "world": {"enabled": True, "torch_threads": 1},
+        }
+    )

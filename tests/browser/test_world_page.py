@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from models.world.env import horizontal_shift
-from realtime.config import config_from_mapping
-from tests.browser.conftest import open_page
+from tests.browser.conftest import open_page, world_page_config
 from tests.serving import serve_in_process
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.asyncio(loop_scope="session")]
@@ -65,13 +64,7 @@ async def _capture(page, seconds: float) -> list[dict]:
 
 
 async def test_world_page_plays_live_holds_a_key_with_bounded_backlog_and_steers(browser, tmp_path):
-    config = config_from_mapping(
-        {
-            "robot": {"enabled": False},
-            "runtime": {"memory_available_bytes": 2**30},
-            "world": {"enabled": True, "torch_threads": 1},
-        }
-    )
+    config = world_page_config()
     async with (
         serve_in_process(config) as (base, _),
         open_page(browser, tmp_path / "world-page.png") as (page, log),

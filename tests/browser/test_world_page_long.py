@@ -18,8 +18,7 @@ import statistics
 
 import pytest
 
-from realtime.config import config_from_mapping
-from tests.browser.conftest import open_page
+from tests.browser.conftest import open_page, world_page_config
 from tests.serving import serve_in_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.asyncio(loop_scope="session")]
@@ -31,13 +30,7 @@ GROWTH_MS = 250.0  # one world-tiny chunk (4 frames at 16 fps): jitter, not grow
 
 
 async def test_world_page_holds_a_key_for_60_s_without_backlog_growth(browser, tmp_path):
-    config = config_from_mapping(
-        {
-            "robot": {"enabled": False},
-            "runtime": {"memory_available_bytes": 2**30},
-            "world": {"enabled": True, "torch_threads": 1},
-        }
-    )
+    config = world_page_config()
     async with (
         serve_in_process(config) as (base, _),
         open_page(browser, tmp_path / "world-60s.png") as (
