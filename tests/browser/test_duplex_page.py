@@ -40,7 +40,7 @@ async def test_duplex_page_plays_acks_and_resumes_after_a_drop(browser, monkeypa
         async with open_page(browser, tmp_path / "duplex-page.png") as (page, console):
             await page.goto(f"{base}/demo/duplex?resume_delay_ms=1000")
             await page.click("#start")  # a user gesture: the AudioContext may start
-            await page.wait_for_function("window.duplexStats.state === 'live'", timeout=30_000)
+            await page.wait_for_function("window.duplexStats?.state === 'live'", timeout=30_000)
             await page.wait_for_function(
                 "window.duplexStats.acknowledged.some((a) => a.committed_ms > 0)"
                 " && window.duplexStats.responses.length >= 2",
@@ -50,8 +50,8 @@ async def test_duplex_page_plays_acks_and_resumes_after_a_drop(browser, monkeypa
             indicator = await page.locator("#indicator").inner_text()
 
             await page.click("#drop")
-            await page.wait_for_function("window.duplexStats.state === 'detached'", timeout=5_000)
-            await page.wait_for_function("window.duplexStats.resumes.length >= 1", timeout=15_000)
+            await page.wait_for_function("window.duplexStats?.state === 'detached'", timeout=5_000)
+            await page.wait_for_function("window.duplexStats?.resumes.length >= 1", timeout=15_000)
             responses = len(before["responses"])
             await page.wait_for_function(
                 f"window.duplexStats.responses.length >= {responses + 3}", timeout=30_000
@@ -73,7 +73,7 @@ async def test_duplex_page_plays_acks_and_resumes_after_a_drop(browser, monkeypa
             await status.screenshot(path=str(tmp_path / "duplex-status.png"), full_page=True)
 
             await page.click("#stop")  # session.close: released at once, not kept for a resume
-            await page.wait_for_function("window.duplexStats.state === 'closed'", timeout=5_000)
+            await page.wait_for_function("window.duplexStats?.state === 'closed'", timeout=5_000)
             for _ in range(50):
                 if len(service.manager) == 0:
                     break

@@ -67,14 +67,14 @@ async def test_page_msgpack_is_byte_for_byte_openpis(browser, base, tmp_path):
 async def _reply_after(page, action) -> dict:
     before = await page.evaluate("window.robotStats.replies")
     await action()
-    await page.wait_for_function(f"window.robotStats.replies > {before}", timeout=30_000)
+    await page.wait_for_function(f"window.robotStats?.replies > {before}", timeout=30_000)
     return await page.evaluate("window.robotStats")
 
 
 async def test_robot_page_plots_chunks_that_follow_the_state_and_shows_errors(browser, base, tmp_path):
     async with open_page(browser, tmp_path / "robot-page.png") as (page, console):
         await page.goto(f"{base}/demo/robot")
-        await page.wait_for_function("window.robotStats.replies >= 1", timeout=60_000)
+        await page.wait_for_function("window.robotStats?.replies >= 1", timeout=60_000)
         first = await page.evaluate("window.robotStats")
         again = await _reply_after(page, lambda: page.click("#send"))
         slider = page.locator("#sliders input").first
@@ -82,7 +82,7 @@ async def test_robot_page_plots_chunks_that_follow_the_state_and_shows_errors(br
 
         await page.fill("#prompt", "x" * 2500)  # over robot.max_prompt_chars (2000)
         await page.click("#send")
-        await page.wait_for_function("window.robotStats.errors.length > 0", timeout=30_000)
+        await page.wait_for_function("window.robotStats?.errors.length > 0", timeout=30_000)
         error_text = await page.locator("#errors li").first.inner_text()
         await page.fill("#prompt", "pick up the red block")
         after_error = await _reply_after(page, lambda: page.click("#send"))

@@ -115,19 +115,19 @@ async def test_landing_and_status_pages_show_what_the_server_does(browser, base,
         models = await landing.locator("#models").inner_text()
         await landing.click("text=Voice")  # links carry the key
         await landing.click("#start")
-        await landing.wait_for_function("window.voiceStats.errors.length > 0", timeout=30_000)
+        await landing.wait_for_function("window.voiceStats?.errors.length > 0", timeout=30_000)
         off = await landing.locator("#errors").inner_text()
 
     async with open_page(browser, tmp_path / "status-page.png") as (page, log):
         robot = await page.context.new_page()
         await robot.goto(f"{base}/demo/robot?api_key={KEY}")  # holds one robot session open
-        await robot.wait_for_function("window.robotStats.replies >= 1", timeout=60_000)
+        await robot.wait_for_function("window.robotStats?.replies >= 1", timeout=60_000)
         await page.goto(f"{base}/demo/status?api_key={KEY}&every_ms=300")
         await page.wait_for_function(
             "window.statusStats.last && window.statusStats.last.kinds[0].occupied === 1", timeout=30_000
         )
         refreshes = await page.evaluate("window.statusStats.refreshes")
-        await page.wait_for_function(f"window.statusStats.refreshes > {refreshes + 1}", timeout=10_000)
+        await page.wait_for_function(f"window.statusStats?.refreshes > {refreshes + 1}", timeout=10_000)
         kinds = await page.locator("#kinds").inner_text()
         stages = await page.locator("#stages").inner_text()
         latencies = await page.locator("#latencies").inner_text()

@@ -37,7 +37,7 @@ async def test_voice_page_answers_the_spoken_question_and_barge_in_truncates(bro
     async with open_page(browser, tmp_path / "voice-page.png") as (page, console):
         await page.goto(f"{base}/demo/voice?api_key={API_KEY}")
         await page.click("#start")  # a user gesture: the AudioContext may start
-        await page.wait_for_function("window.voiceStats.state === 'listening'", timeout=30_000)
+        await page.wait_for_function("window.voiceStats?.state === 'listening'", timeout=30_000)
         await page.wait_for_function(
             "window.voiceStats.responses.some((r) => r.status === 'completed')", timeout=150_000
         )
@@ -49,14 +49,14 @@ async def test_voice_page_answers_the_spoken_question_and_barge_in_truncates(bro
         # a story timed to be playing when the microphone's next loop speaks over it
         loop_ms = mic_loop_s() * 1000
         for _ in range(BARGE_IN_ATTEMPTS):
-            await page.wait_for_function("window.voiceStats.activeResponse === null", timeout=60_000)
+            await page.wait_for_function("window.voiceStats?.activeResponse === null", timeout=60_000)
             started = (await page.evaluate("window.voiceStats.speechStartedAt"))[-1]
             wait_ms = started + loop_ms - SEND_AHEAD_MS - await page.evaluate("performance.now()")
             await page.wait_for_timeout(max(0.0, wait_ms))
             await page.fill("#text", "Tell me a long story about a brave knight, a dragon and a castle.")
             await page.click("#send")
             try:
-                await page.wait_for_function("window.voiceStats.truncated.length >= 1", timeout=loop_ms)
+                await page.wait_for_function("window.voiceStats?.truncated.length >= 1", timeout=loop_ms)
                 break
             except async_api.TimeoutError:
                 continue

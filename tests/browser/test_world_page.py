@@ -70,7 +70,7 @@ async def test_world_page_plays_live_holds_a_key_with_bounded_backlog_and_steers
         open_page(browser, tmp_path / "world-page.png") as (page, log),
     ):
         await page.goto(f"{base}/demo/world?seed=3")  # starts on load with the defaults
-        await page.wait_for_function("window.worldStats.framesShown > 8", timeout=60_000)
+        await page.wait_for_function("window.worldStats?.framesShown > 8", timeout=60_000)
         await page.click("#screen")
 
         await page.keyboard.down("a")  # turn left: the image moves right
@@ -100,10 +100,10 @@ async def test_world_page_plays_live_holds_a_key_with_bounded_backlog_and_steers
         video = await page.evaluate("window.worldStats")
         await page.fill("#prompt", "x" * 5000)  # over world.max_prompt_chars: a recoverable error
         await page.click("#apply")
-        await page.wait_for_function("window.worldStats.errors.length > 0", timeout=10_000)
+        await page.wait_for_function("window.worldStats?.errors.length > 0", timeout=10_000)
         error_text = await page.locator("#errors li").first.inner_text()
         shown = (await page.evaluate("window.worldStats"))["framesShown"]
-        await page.wait_for_function(f"window.worldStats.framesShown > {shown + 8}", timeout=10_000)
+        await page.wait_for_function(f"window.worldStats?.framesShown > {shown + 8}", timeout=10_000)
 
     assert (tmp_path / "world-jpeg.png").stat().st_size > 0 and (
         tmp_path / "world-page.png"
