@@ -50,6 +50,9 @@ class WorldModelConfig:
     # default: 8x8 latents, 16 DiT tokens per frame -> 128x128 frames; the widths of the last,
     # full-resolution levels are what draws brick mortar and floor checks)
     decoder_channels: tuple[int, ...] = (64, 48, 32, 16)
+    # residual blocks (two 3x3 convs) after the upsampling conv of the first (lowest-resolution)
+    # levels: capacity where it is cheap on CPU (16x16 and 32x32 for the tiny default)
+    decoder_res_levels: int = 0
     temporal_factor: int = 4
     fps: int = 16
     extra: dict[str, str] = field(default_factory=dict, compare=False)
@@ -89,6 +92,8 @@ class WorldModelConfig:
             raise ValueError("frames_per_block >= 1, sink_frames >= 0, window_frames >= 1 required")
         if not self.sigmas or any(not 0 < s <= 1 for s in self.sigmas):
             raise ValueError("sigmas must be a non-empty list of noise levels in (0, 1]")
+        if not 0 <= self.decoder_res_levels <= len(self.decoder_channels):
+            raise ValueError("decoder_res_levels must be in 0..len(decoder_channels)")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -106,7 +111,7 @@ TINY = WorldModelConfig()
 # Random-init, test-sized variant: fast enough for CPU unit tests of every structural property.
 TEST = dataclasses.replace(
     TINY, name="world-test", latent_channels=4, dim=32, heads=2, depth=2, ffn_dim=64,
-    decoder_channels=(8, 8), text_len=4, text_dim=16, frames_per_block=2,
+    decoder_channels=(8, 8), decoder_res_levels=1, text_len=4, text_dim=16, frames_per_block=2,
 )  # fmt: skip
 
 WAN_1_3B = WorldModelConfig(
@@ -132,11 +137,16 @@ WAN_1_3B = WorldModelConfig(
 CONFIGS: dict[str, WorldModelConfig] = {c.name: c for c in (TINY, TEST, WAN_1_3B)}
 
 
-def save_model_weights(path: Path, config: WorldModelConfig, tensors: dict[str, torch.Tensor]) -> None:
-    """Write ``tensors`` as safetensors with the config JSON in the metadata."""
-    save_file(
-        {k: v.detach().contiguous() for k, v in tensors.items()}, str(path), {"config": config.to_json()}
-    )
+def save_model_weights(
+    path: Path, config: WorldModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None
+) -> None:
+    """Write ``tensors`` as safetensors with the config JSON in the metadata; with ``dtype``,
+    floating-point tensors are stored in it (float16 halves the file; loading casts them back to
+    the module's dtype, see :func:`load_model_weights`)."""
+    out = {
+        k: v.detach().to(dtype) if dtype and v.is_floating_point() else v.detach() for k, v in tensors.items()
+    }
+    save_file({k: v.contiguous() for k, v in out.items()}, str(path), {"config": config.to_json()})
 
 
 def read_config(path: Path) -> WorldModelConfig:
@@ -151,6 +161,7 @@ def read_config(path: Path) -> WorldModelConfig:
 
 
 def load_model_weights(module: torch.nn.Module, path: Path, prefix: str) -> None:
-    """Load the ``prefix``-ed tensors of a safetensors file into ``module`` (strict shapes and names)."""
+    """Load the ``prefix``-ed tensors of a safetensors file into ``module`` (strict shapes and names;
+    tensors stored in another float dtype, such as float16, are cast to the module's)."""
     state = {k[len(prefix) :]: v for k, v in load_file(str(path)).items() if k.startswith(prefix)}
     module.load_state_dict(state, strict=True)

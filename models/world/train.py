@@ -381,6 +381,21 @@ def control_response(
     return result
 
 
+# WorldModelConfig fields a flag of the same name (dashes for underscores) overrides
+SHAPE_FIELDS = ("latent_channels", "dim", "heads", "depth", "ffn_dim", "decoder_res_levels")
+WEIGHT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def shape_config(args: argparse.Namespace) -> WorldModelConfig:
+    """TINY with the shape flags given on the command line (validated)."""
+    changes = {k: getattr(args, k) for k in SHAPE_FIELDS if getattr(args, k) is not None}
+    if args.decoder_channels:
+        changes["decoder_channels"] = tuple(args.decoder_channels)
+    cfg = dataclasses.replace(TINY, **changes)
+    cfg.validate()
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=WEIGHTS_DIR / "world-tiny.safetensors")
@@ -401,14 +416,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--edge-weight", type=float, default=0.5, help="image-gradient L1 weight")
     p.add_argument("--adv-weight", type=float, default=0.0, help="stage 3 patch-discriminator weight")
     p.add_argument("--decoder-channels", type=int, nargs="+", help="override TINY's decoder widths")
+    for name in SHAPE_FIELDS:
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, help=f"override TINY's {name}")
+    p.add_argument(
+        "--weights-dtype",
+        choices=sorted(WEIGHT_DTYPES),
+        default="float16",
+        help="stored dtype (loads as float32)",
+    )
     p.add_argument("--heldout", type=int, default=64, help="held-out clips of the final report")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.device_type = torch.device(args.device).type
     args.amp = args.device_type == "cuda"
-    cfg = TINY
-    if args.decoder_channels:
-        cfg = dataclasses.replace(cfg, decoder_channels=tuple(args.decoder_channels))
+    torch.backends.cudnn.benchmark = True  # fixed conv shapes: autotune once (no effect on CPU)
+    cfg = shape_config(args)
+    print(f"config: {cfg.to_json()}", flush=True)
     torch.manual_seed(args.seed)
     g = torch.Generator().manual_seed(args.seed)
     t_start = time.time()
@@ -421,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     tensors = {f"dit.{k}": v.float().cpu() for k, v in dit.state_dict().items()}
     tensors.update({f"decoder.{k}": v.float().cpu() for k, v in dec.state_dict().items()})
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save_model_weights(args.out, cfg, tensors)
+    save_model_weights(args.out, cfg, tensors, WEIGHT_DTYPES[args.weights_dtype])
     size = args.out.stat().st_size
     print(f"wrote {args.out} ({size / 1e6:.2f} MB) total {time.time() - t_start:.0f}s", flush=True)
     print("held-out:", json.dumps(heldout_report(cfg, enc, dit, dec, args)), flush=True)

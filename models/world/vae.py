@@ -7,7 +7,8 @@ Latents ``[B, n, C, h, w]`` decode to RGB frames ``[B, frames, 3, H, W]`` in ``[
    steps); the very first latent of a session keeps only its last step, so a session's first
    chunk of ``n`` latents gives ``1 + 4(n - 1)`` frames and later chunks give ``4n``;
 3. a causal 3-D conv on the pixel time axis;
-4. per-frame 2-D upsampling stages (nearest x2 + conv) and a conv to RGB.
+4. per-frame 2-D upsampling stages (nearest x2 + conv, then at the first ``decoder_res_levels``
+   levels a residual block of two 3x3 convs) and a conv to RGB.
 
 Every causal conv keeps the last two input slices of the previous call in a
 :class:`DecoderState`, owned by the session (never by the module), so chunked decoding of a
@@ -60,6 +61,18 @@ class CausalConv3d(nn.Module):
         return self.conv(xin), xin[:, :, -CACHE_SLICES:]
 
 
+class ResBlock2d(nn.Module):
+    """``x + conv(silu(conv(x)))``, 3x3 convs at a constant width (per frame, no temporal cache)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.conv2(F.silu(self.conv1(x)))
+
+
 class CausalDecoder(nn.Module):
     def __init__(self, cfg: WorldModelConfig) -> None:
         super().__init__()
@@ -68,9 +81,9 @@ class CausalDecoder(nn.Module):
         self.conv_in = CausalConv3d(cfg.latent_channels, ch[0])
         self.time_up = CausalConv3d(ch[0], ch[0] * cfg.temporal_factor)
         self.conv_mid = CausalConv3d(ch[0], ch[0])
-        self.ups = nn.ModuleList(
-            nn.Conv2d(ch[i], ch[min(i + 1, len(ch) - 1)], 3, padding=1) for i in range(len(ch))
-        )
+        widths = [ch[min(i + 1, len(ch) - 1)] for i in range(len(ch))]
+        self.ups = nn.ModuleList(nn.Conv2d(ch[i], widths[i], 3, padding=1) for i in range(len(ch)))
+        self.res = nn.ModuleList(ResBlock2d(widths[i]) for i in range(cfg.decoder_res_levels))
         self.to_rgb = nn.Conv2d(ch[-1], 3, 3, padding=1)
         # latent normalisation fitted after autoencoder training: decode(z * std + mean)
         self.register_buffer("latent_mean", torch.zeros(cfg.latent_channels))
@@ -102,8 +115,10 @@ class CausalDecoder(nn.Module):
         y = F.silu(x).permute(0, 2, 1, 3, 4).reshape(b * t, -1, h, w)
         if y.device.type == "cpu":  # channels-last: CPU convs at the full-resolution levels run faster
             y = y.contiguous(memory_format=torch.channels_last)
-        for conv in self.ups:
+        for i, conv in enumerate(self.ups):
             y = F.silu(conv(F.interpolate(y, scale_factor=2.0, mode="nearest")))
+            if i < len(self.res):
+                y = self.res[i](y)
         rgb = torch.sigmoid(self.to_rgb(y))
         return rgb.reshape(b, t, 3, rgb.shape[-2], rgb.shape[-1]), DecoderState([c0, c1, c2], first=False)
 

@@ -39,6 +39,21 @@ def test_safetensors_round_trip_gives_identical_outputs(tmp_path):
     assert torch.equal(fa, fb)
 
 
+def test_float16_weights_load_into_float32_modules_as_the_rounded_parameters(tmp_path):
+    a = WorldModel.build(TEST, slots=1, seed=1)
+    tensors = {f"dit.{k}": v for k, v in a.dit.state_dict().items()}
+    tensors.update({f"decoder.{k}": v for k, v in a.decoder.state_dict().items()})
+    half, full = tmp_path / "half.safetensors", tmp_path / "full.safetensors"
+    save_model_weights(half, TEST, tensors, torch.float16)
+    save_model_weights(full, TEST, {k: v.half().float() for k, v in tensors.items()})
+    assert half.stat().st_size < 0.6 * full.stat().st_size
+    b, c = (WorldModel.from_weights(p, slots=1) for p in (half, full))
+    assert next(b.dit.parameters()).dtype == torch.float32
+    for m in (b, c):
+        m.open("s", seed=0)
+    assert torch.equal(b.step([tick(b, "s", 0)])[0], c.step([tick(c, "s", 0)])[0])
+
+
 def test_wan_1_3b_shapes_compose_at_full_size_on_the_meta_device():
     """Full-size shapes through pool, sampler (denoise + clean pass, a second block with the
     resident KV) and decoder. Meta tensors carry no data, so this checks shapes only (GPU
