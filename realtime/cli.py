@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from realtime import __version__
@@ -44,6 +45,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"realtime: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.log_level or config.server.log_level, args.log_format or config.server.log_format)
+    # pools and per-tick scratch of several sizes: segments that grow in place keep the caching
+    # allocator from stranding free memory between them (read once, at the first CUDA allocation)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     from realtime.server import build_server  # imported late: pulls in torch via the session kinds
 
     server = build_server(config, host=args.host, port=args.port)

@@ -159,6 +159,7 @@ class WorldConfig:
     compute_admission: bool = True
     compute_utilisation: Fraction = 0.8
     max_prompt_chars: PositiveInt = 2000
+    compile: bool = False  # torch.compile each DiT block (CUDA); every batch size compiles at load
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:

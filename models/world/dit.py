@@ -203,6 +203,14 @@ class CausalDiT(nn.Module):
         self.mod_out = nn.Linear(cfg.dim, 2 * cfg.dim)
         self.proj_out = nn.Linear(cfg.dim, patch_dim)
 
+    def compile_blocks(self) -> None:
+        """``torch.compile`` every block (fuses the norms, modulation, RoPE and GELU around the
+        matmuls; -9 % DiT time at the Wan-1.3B shape on the H200). Shapes are static: each batch
+        size and pass variant compiles once, so callers warm every batch size up at load."""
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        for i, blk in enumerate(self.blocks):
+            self.blocks[i] = torch.compile(blk, dynamic=False)
+
     def cross_kv(self, tokens: Tensor) -> list[KV]:
         """Per-layer cross-attention K/V for prompt token ids ``[B, text_len]``."""
         ctx = self.text_proj(self.text_embed(tokens))

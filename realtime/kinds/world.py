@@ -41,6 +41,7 @@ from starlette.websockets import WebSocket
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
 from models.world.controls import CONTROL_SCHEMAS
 from models.world.kv_cache import KVGeometry
+from models.world.memory import fixed_bytes
 from models.world.model import WorldModel, WorldTick
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
 from models.world.vae import decoder_state_bytes
@@ -152,6 +153,8 @@ class WorldService(KindServiceBase):
         self.model = WorldModel.build(
             cfg, slots=self.plan.capacity, weights=weights, device=wc.device, dtype=_DTYPES[wc.dtype]
         )
+        if wc.compile:
+            self.model.dit.compile_blocks()
         progress("warm up and time steps", 2, 3)
         self.step_seconds = measure_step_seconds(self.model, wc.max_batch)
         if wc.compute_admission:
@@ -231,11 +234,12 @@ def measure_step_seconds(model: WorldModel, max_batch: int, reps: int = 2) -> di
 
 def world_declaration(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> MemoryDeclaration:
     """One session's bytes over the world stages, computed from the geometry before any pool
-    exists (what ``WorldBlockStage.state_bytes() + WorldDecodeStage.state_bytes()`` will say)."""
+    exists (what ``WorldBlockStage.state_bytes() + WorldDecodeStage.state_bytes()`` will say);
+    the fixed share (weights, one batched tick's transient memory) is ``models.world.memory``."""
     geometry = KVGeometry.of(cfg, dtype)
     return MemoryDeclaration(
         resident_bytes_per_session=geometry.bytes_per_session + decoder_state_bytes(cfg, dtype),
-        scratch_bytes=geometry.scratch_bytes(max_batch),
+        scratch_bytes=fixed_bytes(cfg, dtype, max_batch),
         max_sessions=256,
     )
 

@@ -1,0 +1,68 @@
+"""Bytes the world model needs outside its per-session pools, from the config alone.
+
+Capacity is planned once, before anything is allocated (``realtime/kinds/world.py``), so the
+fixed share of device memory must be known from the geometry: the weights, and the transient
+memory of one batched tick at ``max_batch`` — the gathered KV (:meth:`KVGeometry.scratch_bytes`),
+the DiT's activations and the decoder's. In the world pipeline the DiT of block ``k + 1`` runs
+while block ``k`` is decoded, so both activation peaks are counted at once.
+
+The activation figures are upper estimates of the tensors alive at a layer's peak (measured
+against ``torch.cuda.max_memory_allocated`` on the H200 for the Wan-1.3B shape: see
+``docs/benchmarks.md``), times :data:`ALLOCATOR_MARGIN` for the caching allocator's rounding and
+fragmentation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from models.world.configs import WorldModelConfig
+from models.world.dit import CausalDiT
+from models.world.kv_cache import KVGeometry
+from models.world.vae import CausalDecoder
+
+ALLOCATOR_MARGIN = 1.25
+
+
+def weight_bytes(cfg: WorldModelConfig, dtype: torch.dtype) -> int:
+    """Parameters and buffers of the DiT and the decoder in ``dtype`` (built on the meta device)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    with torch.device("meta"):
+        modules = (CausalDiT(cfg), CausalDecoder(cfg))
+    return sum(t.numel() * elem for m in modules for t in (*m.parameters(), *m.buffers()))
+
+
+def dit_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> int:
+    """Peak live activations of one DiT forward over ``max_batch`` sessions' blocks: per token the
+    residual stream, the normed input, QKV, the roped Q/K, the attention output and the MLP's
+    hidden layer before and after its GELU; plus a block-causal mask when one is needed."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    tokens = max_batch * cfg.frames_per_block * cfg.tokens_per_frame
+    per_token = (10 * cfg.dim + 2 * cfg.ffn_dim) * elem
+    keys = (cfg.sink_frames + cfg.window_frames + cfg.frames_per_block) * cfg.tokens_per_frame
+    mask = max_batch * cfg.frames_per_block * cfg.tokens_per_frame * keys  # bool
+    return tokens * per_token + mask
+
+
+def decoder_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> int:
+    """Peak live activations of decoding ``max_batch`` blocks: at the largest upsampling level the
+    upsampled input, the convolution's output and its activation, for every frame of a block."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    frames = max_batch * cfg.frames_for_block(False)
+    ch = cfg.decoder_channels
+    widths = [ch[min(i + 1, len(ch) - 1)] for i in range(len(ch))]
+    peak = 0
+    for level, (c_in, c_out) in enumerate(zip(ch, widths, strict=True)):
+        pixels = cfg.latent_height * cfg.latent_width * 4 ** (level + 1)
+        peak = max(peak, pixels * (c_in + 2 * c_out))
+    return frames * peak * elem
+
+
+def fixed_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> int:
+    """Everything but the per-session pools: weights plus one batched tick's transient memory."""
+    transient = (
+        KVGeometry.of(cfg, dtype).scratch_bytes(max_batch)
+        + dit_activation_bytes(cfg, dtype, max_batch)
+        + decoder_activation_bytes(cfg, dtype, max_batch)
+    )
+    return weight_bytes(cfg, dtype) + int(ALLOCATOR_MARGIN * transient)
