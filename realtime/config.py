@@ -202,7 +202,9 @@ class VoiceConfig:
     max_input_buffer_s: PositiveFloat = 60.0
     max_conversation_items: PositiveInt = 256
     llm_context_tokens: PositiveInt = 2048
-    llm_workers: PositiveInt = 4
+    llm_workers: PositiveInt = 4  # transformers: model steps (forwards) run at once across replies
+    llm_max_lead_s: NonNegativeFloat = 4.0  # transformers: a reply this far ahead of playback waits; 0: no
+    llm_urgent_lead_s: NonNegativeFloat = 1.0  # transformers: below this lead a reply's steps go first
     llm_device: str = "cpu"  # the transformers backend's torch device: "cuda", "cuda:1", ...
     llm_backend: Literal["transformers", "vllm"] = "transformers"
     vllm_model_dir: str = ""  # "": the SmolLM2 safetensors the transformers backend converts
@@ -215,8 +217,13 @@ class VoiceConfig:
     max_batch: PositiveInt = 8
     vad_coalesce_window_s: NonNegativeFloat = 0.002
     asr_coalesce_window_s: NonNegativeFloat = 0.005
+    asr_speculate_ms: NonNegativeInt = 32  # server VAD: transcribe at this much silence, pre-stop; 0: off
     tts_coalesce_window_s: NonNegativeFloat = 0.002
     stall_timeout_s: PositiveFloat = 30.0
+
+    def validate(self, path: str) -> None:
+        if self.llm_max_lead_s and self.llm_urgent_lead_s > self.llm_max_lead_s:
+            raise _FieldError(f"{path}.llm_urgent_lead_s", "must be <= llm_max_lead_s (unless that is 0)")
 
 
 @dataclass(frozen=True)

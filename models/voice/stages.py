@@ -37,6 +37,7 @@ import soxr
 from models.stage import StageItem
 from models.voice.audio import Resampler
 from models.voice.llm import ChatMessage, ChatUsage, TransformersChat
+from models.voice.pacing import DEFAULT_PACING, PacingPolicy, PlaybackClock, ReplyPace, StepGate
 from models.voice.tool_calls import (
     FORCED_PREFIX,
     CallArguments,
@@ -161,7 +162,8 @@ class ChatRequest:
     with every chunk to the TTS stage (the output format's rate: 24000 pcm16, 8000 G.711).
     ``tools`` are offered in the prompt; ``forced_tools`` force one call of one of them: a
     backend ends the prompt with ``prefill`` and constrains the reply to start with one of
-    ``choices`` (:class:`ReplyText` does the rest).
+    ``choices`` (:class:`ReplyText` does the rest). ``playback`` is the response's playback
+    position, kept by the kind as it sends the audio: a backend that paces replies reads it.
     """
 
     messages: tuple[ChatMessage, ...]
@@ -172,6 +174,7 @@ class ChatRequest:
     sample_rate: int = TTS_RATE
     tools: tuple[ToolSpec, ...] = ()  # listed in the prompt
     forced_tools: tuple[ToolSpec, ...] = ()  # non-empty: the reply is one call of one of these
+    playback: PlaybackClock | None = field(default=None, compare=False)  # the reply's audio as played
 
     @property
     def prefill(self) -> str:
@@ -305,10 +308,15 @@ _END = object()
 class TransformersLlmStage:
     """:class:`LlmStage` over :class:`TransformersChat` (see the module docstring).
 
-    ``workers`` threads generate concurrently (one generation per thread; torch's own thread
-    count is the caller's). ``first_clause_words`` > 0 lets a reply's first clause end after that
-    many words (``ClauseSplitter``), so speech starts sooner. A new request of a session waits until the session's previous
-    generation (aborted, still finishing its forward) let go of the conversation.
+    Every conversation may hold a generation thread (``slot_capacity`` threads at most); at most
+    ``workers`` of them run a model step (one forward) at once, through a :class:`StepGate`: a
+    reply before its first clause, or whose playback lead (``ChatRequest.playback``) fell below
+    ``pacing.urgent_lead_s``, is urgent, and the other replies' steps wait while urgent ones run
+    or wait; a reply whose lead reached ``pacing.max_lead_s`` sleeps (``models/voice/pacing.py``).
+    torch's own thread count is the caller's. ``first_clause_words`` > 0 lets a reply's first
+    clause end after that many words (``ClauseSplitter``), so speech starts sooner. A new request
+    of a session waits until the session's previous generation (aborted, still finishing its
+    forward) let go of the conversation.
     """
 
     name = "voice-llm"
@@ -322,12 +330,18 @@ class TransformersLlmStage:
         workers: int = 4,
         chunked: bool = True,
         first_clause_words: int = 0,
+        pacing: PacingPolicy = DEFAULT_PACING,
     ):
         self.chat = chat
         self.slot_capacity = slot_capacity
         self.chunked = chunked
         self.first_clause_words = first_clause_words
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="voice-llm")
+        self.pacing = pacing
+        self.gate = StepGate(workers)
+        # a paced reply sleeps on its thread: one thread per conversation, so a new turn never queues
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(workers, slot_capacity), thread_name_prefix="voice-llm"
+        )
         self._stops: dict[str, threading.Event] = {}
         self._running: dict[str, Future] = {}  # session -> its generation's thread work
         self.aborts = 0  # generations stopped by abort before they ended (metrics, tests)
@@ -384,7 +398,9 @@ class TransformersLlmStage:
             self._stops.pop(item.request_id, None)
 
     def _generate(self, session_id: str, request: ChatRequest, stop: threading.Event, put) -> None:
-        """The worker thread: generate, split clauses, hand every chunk to the loop."""
+        """The worker thread: generate (each step through the gate, paced), split clauses, hand
+        every chunk to the loop."""
+        pace = ReplyPace(self.pacing, request.playback if request.speak else None)
         try:
             pieces = self.chat.generate(
                 session_id,
@@ -397,8 +413,16 @@ class TransformersLlmStage:
                 choices=request.choices,
             )
             reply = ReplyText(request, chunked=self.chunked, first_clause_words=self.first_clause_words)
-            for piece in pieces:
-                put(reply.push(piece))
+            while True:
+                pace.wait(stop)
+                with self.gate.step(pace):  # one next() is one forward (the first: the prefill)
+                    piece = next(pieces, None)
+                if piece is None:
+                    break
+                chunk = reply.push(piece)
+                pace.spoke = pace.spoke or bool(chunk.clauses)
+                self.gate.update(pace)
+                put(chunk)
                 if reply.complete:
                     pieces.close()  # a forced call is done: nothing after it is wanted
                     break
@@ -408,6 +432,7 @@ class TransformersLlmStage:
         except BaseException as exc:
             put(exc)
         finally:
+            self.gate.finish(pace)
             put(_END)
 
 

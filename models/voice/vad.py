@@ -156,16 +156,32 @@ class SpeechStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeechPaused:
+    """A candidate end of speech (no event on the wire): the utterance's first ``speculate_ms``
+    of silence. ``audio`` is the utterance so far (16 kHz float32, ``audio_start_ms`` to
+    ``audio_end_ms``); work started on it may be reused if the :class:`SpeechStopped` that
+    follows carries this ``pause_id``."""
+
+    pause_id: int
+    audio_start_ms: int
+    audio_end_ms: int
+    audio: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class SpeechStopped:
     """``input_audio_buffer.speech_stopped`` plus the utterance to commit.
 
     ``audio_end_ms`` is where the silence (or the length bound) ended the utterance; ``audio`` is
-    the 16 kHz float32 audio from ``audio_start_ms`` to ``audio_end_ms``.
+    the 16 kHz float32 audio from ``audio_start_ms`` to ``audio_end_ms``. ``pause_id``: the
+    :class:`SpeechPaused` after which no speech came (so ``audio`` is that pause's audio plus
+    silence), or None.
     """
 
     audio_start_ms: int
     audio_end_ms: int
     audio: np.ndarray = field(repr=False)
+    pause_id: int | None = None
 
 
 class TurnDetector:
@@ -176,8 +192,12 @@ class TurnDetector:
     bounded by ``prefix_padding_ms`` while idle and ``max_utterance_ms`` while in speech.
     """
 
-    def __init__(self, config: ServerVadConfig | None = None) -> None:
+    def __init__(self, config: ServerVadConfig | None = None, speculate_ms: int = 0) -> None:
         self.config = config or ServerVadConfig()
+        # a SpeechPaused after this much silence in speech (0: never; rounded up to whole frames)
+        self._speculate_frames = math.ceil(speculate_ms / FRAME_MS) if speculate_ms > 0 else 0
+        self._pauses = 0
+        self._paused: int | None = None  # the pause whose silence still runs
         self._prefix_frames = math.ceil(self.config.prefix_padding_ms / FRAME_MS)
         self._silence_frames = max(1, math.ceil(self.config.silence_duration_ms / FRAME_MS))
         self._max_frames = max(1, self.config.max_utterance_ms // FRAME_MS)
@@ -195,7 +215,9 @@ class TurnDetector:
     def position_ms(self) -> int:
         return self._frames_seen * FRAME_MS
 
-    def push(self, frame: np.ndarray, probability: float) -> SpeechStarted | SpeechStopped | None:
+    def push(
+        self, frame: np.ndarray, probability: float
+    ) -> SpeechStarted | SpeechPaused | SpeechStopped | None:
         """Consume one 512-sample frame and its probability; return the decision it causes."""
         index = self._frames_seen
         self._frames_seen += 1
@@ -212,13 +234,22 @@ class TurnDetector:
         self._utterance.append(frame)
         speaking = probability >= self.config.threshold - ServerVadConfig.HYSTERESIS
         self._silent_run = 0 if speaking else self._silent_run + 1
+        if speaking:
+            self._paused = None
         if self._silent_run >= self._silence_frames or len(self._utterance) >= self._max_frames:
             return self._stop()
+        if self._speculate_frames and self._silent_run == self._speculate_frames:
+            self._pauses += 1
+            self._paused = self._pauses
+            audio = np.concatenate(self._utterance)
+            return SpeechPaused(
+                self._pauses, self._start_frame * FRAME_MS, self._frames_seen * FRAME_MS, audio
+            )
         return None
 
     def push_frames(
         self, frames: np.ndarray, probabilities: np.ndarray
-    ) -> list[SpeechStarted | SpeechStopped]:
+    ) -> list[SpeechStarted | SpeechPaused | SpeechStopped]:
         """:meth:`push` over ``VadStream.feed``'s output; the decisions in order."""
         decisions = (self.push(f, float(p)) for f, p in zip(frames, probabilities, strict=True))
         return [d for d in decisions if d is not None]
@@ -227,9 +258,12 @@ class TurnDetector:
         self._utterance = []
         self._prefix.clear()
         self._silent_run = 0
+        self._paused = None
 
     def _stop(self) -> SpeechStopped:
         audio = np.concatenate(self._utterance)
-        stopped = SpeechStopped(self._start_frame * FRAME_MS, self._frames_seen * FRAME_MS, audio)
+        stopped = SpeechStopped(
+            self._start_frame * FRAME_MS, self._frames_seen * FRAME_MS, audio, self._paused
+        )
         self.reset()
         return stopped

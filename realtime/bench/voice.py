@@ -1,31 +1,15 @@
 """``realtime bench voice``: time to first audio (TTFA) of the voice kind, through the protocol.
 
 Runs the real server in this process (voice kind only, the offline default models) and drives it
-with plain websocket clients speaking the GA OpenAI Realtime protocol on loopback. Each client
-streams a spoken question (synthesized offline by the hibari voice, with silence after it) in
-200 ms appends at real-time pace, lets server VAD end the turn, and measures **TTFA**: from
-``input_audio_buffer.speech_stopped`` to the first ``response.output_audio.delta`` it receives
-(the response is then cancelled: the rest of the answer does not change TTFA).
+with GA OpenAI Realtime clients on loopback; **TTFA** is from ``input_audio_buffer.speech_stopped``
+to the first ``response.output_audio.delta`` the client receives. Two modes (``MODES``), then the
+chunked-vs-full comparison and, with ``--llm-backends ... vllm``, both modes on the vLLM backend
+(keys ending in ``_vllm``).
 
-1. **Model time**: the same turn's model work run directly, one call after another on the loaded
-   models (ASR of the utterance as VAD cuts it, LLM until its first clause, TTS of that clause).
-   At 1 session every served turn is paired with a direct run just before it (the same machine
-   load); the median of TTFA minus model time is the **server overhead** (VAD, engines, queues,
-   pipeline hops, protocol, loopback).
-2. TTFA at 1, 4 and 8 concurrent sessions (every session speaks at the same moment), median over
-   ``--rounds`` rounds and the sessions; beyond 1 session "- model" also holds the contention of
-   the sessions' model work for the CPU.
-3. **Chunked vs full handoff**, 1 session: TTS on the first clause the LLM streams (the default)
-   vs TTS only after the full reply (the same server with the LLM stage's ``chunked`` off; the
-   ``voice.chunked_tts: false`` setting), as a ratio.
-
-4. **vLLM vs transformers** (``--llm-backends``; vllm by default when it is installed): a second
-   server on ``voice.llm_backend: vllm`` (same SmolLM2 model, compiled unless ``--vllm-eager``),
-   TTFA at each session count as ``ttfa_ms_N_vllm`` beside the transformers ``ttfa_ms_N``.
-
-Last line: JSON with ``ttfa_ms_1``, ``ttfa_ms_4``, ``ttfa_ms_8``, ``model_ms``, ``overhead_ms_1``,
-``ttfa_full_ms_1``, ``ttfa_chunked_vs_full_ratio``, ``ttfa_ms_4_transformers`` and, with vLLM,
-``ttfa_ms_N_vllm`` (``ttfa_ms_4_vllm``).
+Last line: JSON with ``ttfa_ms_N`` / ``ttfa_ms_N_p95`` / ``stall_ms_N_p95`` (conversation load),
+``ttfa_ms_N_burst``, ``ttfa_8_vs_1_ratio`` and ``ttfa_8_vs_1_burst_ratio``, ``model_ms``,
+``overhead_ms_1``, ``ttfa_chunked_ms_1``, ``ttfa_full_ms_1``, ``ttfa_chunked_vs_full_ratio``,
+``ttfa_ms_4_transformers``, ``cycle_s``.
 """
 
 from __future__ import annotations
@@ -45,11 +29,36 @@ import numpy as np
 import soxr
 import websockets
 
+from realtime.bench.voice_load import LoadPlan, conversation_load, percentile
 from realtime.config import config_from_mapping
 from realtime.server import build_server
 
+MODES = """modes:
+  conversation load (the headline ttfa_ms_N, p50 and p95): N sessions, each an openai SDK GA
+    client in a conversation loop: speak a question at real-time pace (--questions, synthesized
+    offline by the hibari voice; 0.5 s silence before, 1 s after; server VAD ends the turn),
+    receive the whole response, play it (real time from its first delta; stall = waiting for
+    late audio), think --think-s, speak the next. Sessions start at seeded random offsets spread
+    over one cycle (the 1-session run's turn length). The first turn of each session is a
+    warm-up; p50/p95 over all other turns (--turns per session).
+  burst (ttfa_ms_N_burst, median): N plain websocket clients speak --question at the same instant,
+    so every turn ends in the same millisecond (the worst case); the response is cancelled at
+    its first audio; --rounds rounds. At 1 session each turn is paired with a direct run of the
+    same model work just before it: model time (ASR, LLM to its first clause, TTS of it) and
+    overhead = TTFA - model time.
+  chunked vs full (1 session, burst-style turns): TTS on the first clause the LLM streams vs TTS
+    after the whole reply (voice.chunked_tts: false), as ttfa_chunked_vs_full_ratio."""
+
 APPEND_MS = 200
 QUESTION = "Tell me about the city of Paris."
+QUESTIONS = (
+    "Tell me about the city of Paris.",
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "Why is the sky blue?",
+    "What should I cook for dinner tonight?",
+    "Can you name three colours?",
+)
 
 
 def spoken(tts: Any, text: str) -> tuple[bytes, np.ndarray]:
@@ -178,83 +187,162 @@ async def voice_server(args: argparse.Namespace, **voice: Any) -> AsyncIterator[
 
 
 async def run(args: argparse.Namespace) -> dict[str, float]:
-    figures = await run_transformers(args)
+    figures = await run_backend(args, "transformers")
     figures["ttfa_ms_4_transformers"] = figures.get("ttfa_ms_4", float("nan"))
     if "vllm" in args.llm_backends:
-        figures.update(await run_vllm(args))
+        figures.update(await run_backend(args, "vllm"))
     return figures
 
 
-async def run_vllm(args: argparse.Namespace) -> dict[str, float]:
-    """The same TTFA measurement on the vLLM backend (``voice.llm_backend: vllm``, same model)."""
-    figures: dict[str, float] = {}
-    async with voice_server(args, llm_backend="vllm", vllm_enforce_eager=args.vllm_eager) as (url, service):
-        pcm, _ = spoken(service.models_loaded["tts"], args.question)
-        await ttfa(url, pcm, 1, 1)  # warm-up
-        print(f"vLLM backend ({'eager' if args.vllm_eager else 'compiled'}):")
-        print(f"{'sessions':>8} {'TTFA p50 ms':>12} {'max ms':>8}")
-        for n in args.sessions:
-            values = await ttfa(url, pcm, n, args.rounds)
-            figures[f"ttfa_ms_{n}_vllm"] = round(statistics.median(values), 1)
-            print(f"{n:>8} {figures[f'ttfa_ms_{n}_vllm']:>12.0f} {max(values):>8.0f}")
-    return figures
-
-
-async def run_transformers(args: argparse.Namespace) -> dict[str, float]:
-    async with voice_server(args) as (url, service):
-        pcm, audio_16k = spoken(service.models_loaded["tts"], args.question)
+async def run_backend(args: argparse.Namespace, backend: str) -> dict[str, float]:
+    """Both modes on one server of ``backend``; the transformers run adds model time, overhead and
+    chunked vs full. Keys of the vLLM run end in ``_vllm``."""
+    voice = {"llm_backend": "vllm", "vllm_enforce_eager": args.vllm_eager} if backend == "vllm" else {}
+    async with voice_server(args, **voice) as (url, service):
+        tts = service.models_loaded["tts"]
+        pcm, audio_16k = spoken(tts, args.question)
         await ttfa(url, pcm, 1, 1)  # warm-up: first-use costs of every engine
-        # one session: each served turn paired with a direct model run just before it (same load)
-        pairs = []
-        for _ in range(args.rounds):
-            direct = await asyncio.to_thread(
-                model_time_ms, service.models_loaded, audio_16k, 1, service.config.first_clause_words
-            )
-            pairs.append((direct, (await ttfa(url, pcm, 1, 1))[0]))
-        model = {k: statistics.median(d[k] for d, _ in pairs) for k in pairs[0][0]}
-        print(f"model time, one turn run directly: ASR {model['asr']:.0f} ms + LLM to first clause "
-              f"{model['llm_first_clause']:.0f} ms + TTS {model['tts_first_clause']:.0f} ms = {model['total']:.0f} ms")  # fmt: skip
-        figures: dict[str, float] = {
-            "model_ms": round(model["total"], 1),
-            "ttfa_ms_1": round(statistics.median(t for _, t in pairs), 1),
-            "overhead_ms_1": round(statistics.median(t - d["total"] for d, t in pairs), 1),
-        }
-        print(f"{'sessions':>8} {'TTFA p50 ms':>12} {'max ms':>8} {'- model ms':>11}")
-        print(
-            f"{1:>8} {figures['ttfa_ms_1']:>12.0f} {max(t for _, t in pairs):>8.0f} {figures['overhead_ms_1']:>11.0f}"
+        if backend == "vllm":
+            print(f"vLLM backend ({'eager' if args.vllm_eager else 'compiled'}):")
+            figures = await burst_figures(args, url, pcm)
+        else:
+            figures = await paired_figures(args, url, service, pcm, audio_16k)
+        questions = [spoken(tts, q)[0] for q in args.questions]
+        figures.update(await load_figures(args, url, questions))
+        figures.update(await chunked_vs_full(args, url, service, pcm) if backend == "transformers" else {})
+    print_ratios(figures)
+    return figures if backend == "transformers" else {f"{k}_vllm": v for k, v in figures.items()}
+
+
+async def paired_figures(
+    args: argparse.Namespace, url: str, service: Any, pcm: bytes, audio_16k: np.ndarray
+) -> dict[str, float]:
+    """Model time and overhead (1 session, each served turn paired with a direct model run just
+    before it, the same load), then the burst TTFA beyond 1 session."""
+    pairs = []
+    for _ in range(args.rounds):
+        direct = await asyncio.to_thread(
+            model_time_ms, service.models_loaded, audio_16k, 1, service.config.first_clause_words
         )
-        for n in (n for n in args.sessions if n != 1):
-            values = await ttfa(url, pcm, n, args.rounds)
-            p50 = statistics.median(values)
-            figures[f"ttfa_ms_{n}"] = round(p50, 1)
-            print(f"{n:>8} {p50:>12.0f} {max(values):>8.0f} {p50 - model['total']:>11.0f}")
-        service.llm.chunked = False  # what voice.chunked_tts: false serves: TTS after the full reply
+        pairs.append((direct, (await ttfa(url, pcm, 1, 1))[0]))
+    model = {k: statistics.median(d[k] for d, _ in pairs) for k in pairs[0][0]}
+    print(f"model time, one turn run directly: ASR {model['asr']:.0f} ms + LLM to first clause "
+          f"{model['llm_first_clause']:.0f} ms + TTS {model['tts_first_clause']:.0f} ms = {model['total']:.0f} ms")  # fmt: skip
+    figures = {
+        "model_ms": round(model["total"], 1),
+        "ttfa_ms_1_burst": round(statistics.median(t for _, t in pairs), 1),
+        "overhead_ms_1": round(statistics.median(t - d["total"] for d, t in pairs), 1),
+    }
+    print("burst (every session's turn ends in the same moment; one turn each, cancelled at first audio):")
+    print(f"{'sessions':>8} {'TTFA p50 ms':>12} {'max ms':>8} {'- model ms':>11}")
+    print(f"{1:>8} {figures['ttfa_ms_1_burst']:>12.0f} {max(t for _, t in pairs):>8.0f} {figures['overhead_ms_1']:>11.0f}")  # fmt: skip
+    for n in (n for n in args.sessions if n != 1):
+        values = await ttfa(url, pcm, n, args.rounds)
+        p50 = statistics.median(values)
+        figures[f"ttfa_ms_{n}_burst"] = round(p50, 1)
+        print(f"{n:>8} {p50:>12.0f} {max(values):>8.0f} {p50 - model['total']:>11.0f}")
+    return figures
+
+
+async def burst_figures(args: argparse.Namespace, url: str, pcm: bytes) -> dict[str, float]:
+    """The burst TTFA at each session count (no model-time pairing)."""
+    figures: dict[str, float] = {}
+    print("burst (every session's turn ends in the same moment; one turn each, cancelled at first audio):")
+    print(f"{'sessions':>8} {'TTFA p50 ms':>12} {'max ms':>8}")
+    for n in args.sessions:
+        values = await ttfa(url, pcm, n, args.rounds)
+        figures[f"ttfa_ms_{n}_burst"] = round(statistics.median(values), 1)
+        print(f"{n:>8} {figures[f'ttfa_ms_{n}_burst']:>12.0f} {max(values):>8.0f}")
+    return figures
+
+
+async def load_figures(args: argparse.Namespace, url: str, questions: list[bytes]) -> dict[str, float]:
+    """The conversation-load TTFA (the headline ``ttfa_ms_N``) at each session count; sessions
+    start spread over one cycle as the 1-session run measured it (``realtime/bench/voice_load.py``)."""
+    figures: dict[str, float] = {}
+    print(f"conversation load ({args.turns} measured turns per session after a warm-up turn; "
+          f"think {args.think_s[0]:g}-{args.think_s[1]:g} s; seed {args.seed}):")  # fmt: skip
+    print(
+        f"{'sessions':>8} {'turns':>6} {'TTFA p50 ms':>12} {'p95 ms':>8} {'stall p95 ms':>13} {'reply s':>8}"
+    )
+    cycle_s = 0.0
+    for n in sorted(args.sessions):
+        plan = LoadPlan(n, args.turns + 1, cycle_s, tuple(args.think_s), args.seed)
+        began = time.perf_counter()
+        turns = await conversation_load(url, questions, plan)
+        if n == 1:  # one cycle: what a session's speak-listen-think loop takes
+            cycle_s = (time.perf_counter() - began) / plan.turns
+        values, stalls = [t.ttfa_ms for t in turns], [t.stall_ms for t in turns]
+        figures[f"ttfa_ms_{n}"] = round(percentile(values, 0.5), 1)
+        figures[f"ttfa_ms_{n}_p95"] = round(percentile(values, 0.95), 1)
+        figures[f"stall_ms_{n}_p95"] = round(percentile(stalls, 0.95), 1)
+        reply_s = statistics.mean(t.audio_s for t in turns)
+        print(f"{n:>8} {len(turns):>6} {figures[f'ttfa_ms_{n}']:>12.0f} {figures[f'ttfa_ms_{n}_p95']:>8.0f} "
+              f"{figures[f'stall_ms_{n}_p95']:>13.0f} {reply_s:>8.1f}")  # fmt: skip
+    figures["cycle_s"] = round(cycle_s, 1)
+    return figures
+
+
+async def chunked_vs_full(args: argparse.Namespace, url: str, service: Any, pcm: bytes) -> dict[str, float]:
+    """1 session, one turn cancelled at first audio: TTS on the first clause vs after the whole reply."""
+    service.llm.chunked = False  # what voice.chunked_tts: false serves: TTS after the full reply
+    try:
         full = statistics.median(await ttfa(url, pcm, 1, args.rounds))
+    finally:
         service.llm.chunked = True
-        figures["ttfa_full_ms_1"] = round(full, 1)
-        figures["ttfa_chunked_vs_full_ratio"] = round(figures["ttfa_ms_1"] / full, 3)
-        print(f"1 session: chunked handoff {figures['ttfa_ms_1']:.0f} ms vs full reply first {full:.0f} ms "
-              f"(ratio {figures['ttfa_chunked_vs_full_ratio']:.2f})")  # fmt: skip
-        return figures
+    chunked = statistics.median(await ttfa(url, pcm, 1, args.rounds))
+    figures = {"ttfa_chunked_ms_1": round(chunked, 1), "ttfa_full_ms_1": round(full, 1)}
+    figures["ttfa_chunked_vs_full_ratio"] = round(chunked / full, 3)
+    print(f"1 session: chunked handoff {chunked:.0f} ms vs full reply first {full:.0f} ms "
+          f"(ratio {figures['ttfa_chunked_vs_full_ratio']:.2f})")  # fmt: skip
+    return figures
+
+
+def print_ratios(figures: dict[str, float]) -> None:
+    """The 8-vs-1 goal both ways (issue 13: TTFA at 8 sessions <= 2x TTFA at 1)."""
+    for mode, suffix in (("conversation load", ""), ("burst", "_burst")):
+        one, eight = figures.get(f"ttfa_ms_1{suffix}"), figures.get(f"ttfa_ms_8{suffix}")
+        if one and eight:
+            figures[f"ttfa_8_vs_1{suffix}_ratio"] = round(eight / one, 2)
+            print(f"8 vs 1 session, {mode}: {eight:.0f} / {one:.0f} ms = {eight / one:.2f}x (goal <= 2)")
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="realtime bench voice", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="realtime bench voice",
+        description=__doc__.split("\n\n")[0],
+        epilog=MODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--sessions", type=int, nargs="+", default=[1, 4, 8])
-    p.add_argument("--rounds", type=int, default=3, help="turns per session count (median over all)")
+    p.add_argument("--rounds", type=int, default=3, help="burst: turns per session count (median over all)")
+    p.add_argument("--turns", type=int, default=3, help="load: measured turns per session (after a warm-up)")
+    p.add_argument("--think-s", type=float, nargs=2, default=[1.0, 3.0], metavar=("MIN", "MAX"),
+                   help="load: a user's pause between hearing the answer and speaking again (uniform)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="load: start offsets and think times")
     p.add_argument("--threads", type=int, default=1, help="torch threads (voice.torch_threads)")
-    p.add_argument("--question", default=QUESTION)
+    p.add_argument("--question", default=QUESTION, help="burst: the question every session asks")
+    p.add_argument("--questions", nargs="+", default=list(QUESTIONS), help="load: the questions, in order")
     p.add_argument(
         "--llm-backends",
         nargs="+",
         choices=["transformers", "vllm"],
         default=["transformers", "vllm"] if importlib.util.find_spec("vllm") else ["transformers"],
-        help="transformers always runs (model time, chunked vs full); vllm adds TTFA on that backend",
+        help="transformers always runs (model time, chunked vs full); vllm adds both modes on that backend",
     )
     p.add_argument("--vllm-eager", action="store_true", help="voice.vllm_enforce_eager (faster start)")
     args = p.parse_args(argv)
     if 1 not in args.sessions:
-        p.error("--sessions must include 1 (the chunked-vs-full comparison and the overhead use it)")
+        p.error("--sessions must include 1 (the ratios, the overhead and the load's cycle use it)")
+    if (
+        min(args.sessions) < 1
+        or args.turns < 1
+        or args.rounds < 1
+        or not 0 <= args.think_s[0] <= args.think_s[1]
+    ):
+        p.error("--sessions, --turns and --rounds must be >= 1 and --think-s MIN <= MAX, both >= 0")
+    if importlib.util.find_spec("openai") is None:
+        p.error("the conversation-load clients are the openai SDK's: pip install 'realtime-sessions[test]'")
     figures = asyncio.run(run(args))
-    print(json.dumps({**figures, "question": args.question, "rounds": args.rounds}))
+    print(json.dumps({**figures, "question": args.question, "rounds": args.rounds, "turns": args.turns}))
     return 0

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -139,6 +140,8 @@ class VoiceService(KindServiceBase):
         self.asr_engine: StageEngine | None = None
         self.pipeline: Pipeline | None = None
         self.default_instructions = ""
+        self.asr_speculations = 0  # transcriptions started at a candidate end of speech (tests, bench)
+        self.asr_speculations_used = 0  # ... and reused by the stop that followed
         self.ttfa = Histogram(
             "voice_time_to_first_audio_seconds",
             "committed user turn (speech_stopped or input_audio_buffer.commit) -> its answer's first audio delta",
@@ -428,6 +431,7 @@ class _VoiceHandler:
         self.queued_response: ResponseSettings | None = None  # server VAD's, after a barge-in
         self.last_response_id = ""
         self.committed_at: float | None = None  # the last commit not answered yet
+        self.speculation: tuple[int, asyncio.Future] | None = None  # (pause id, its ASR) at a candidate stop
 
     # -- KindHandler ----------------------------------------------------------------------
     async def opened(self, conn: Connection) -> None:
@@ -519,12 +523,14 @@ class _VoiceHandler:
         self.buffer.extend(item.frames)
         if self.turn is None:
             return
-        from models.voice.vad import SpeechStarted, SpeechStopped
+        from models.voice.vad import SpeechPaused, SpeechStarted, SpeechStopped
 
         for decision in self.turn.push_frames(item.frames, item.probabilities):
             td = self.config.turn_detection
             assert td is not None
-            if isinstance(decision, SpeechStarted):
+            if isinstance(decision, SpeechPaused):
+                self._speculate(conn, decision)
+            elif isinstance(decision, SpeechStarted):
                 self.speech_item_id = new_id("item")
                 await self._send(conn, ev.SpeechStarted(self.speech_item_id, decision.audio_start_ms))
                 if (
@@ -537,8 +543,10 @@ class _VoiceHandler:
                 item_id = self.speech_item_id or new_id("item")
                 self.speech_item_id = None
                 self.buffer.clear()
+                speculation, self.speculation = self.speculation, None
+                early = speculation[1] if speculation and speculation[0] == decision.pause_id else None
                 await self._send(conn, ev.SpeechStopped(item_id, decision.audio_end_ms))
-                await self._commit(conn, item_id, decision.audio)
+                await self._commit(conn, item_id, decision.audio, early)
                 if not td.create_response:
                     continue
                 settings = ResponseSettings.of_session(self.config)
@@ -801,17 +809,39 @@ class _VoiceHandler:
                 td.prefix_padding_ms,
                 td.silence_duration_ms,
                 int(self.vc.max_input_buffer_s * 1000),
-            )
+            ),
+            speculate_ms=self.vc.asr_speculate_ms,
         )
 
     def _reset_input(self) -> None:
         self.buffer.clear()
         self.speech_item_id = None
+        self.speculation = None
         if self.turn is not None:
             self.turn.reset()
 
-    async def _commit(self, conn: Connection, item_id: str, audio: np.ndarray) -> None:
-        """The utterance becomes a user item; its transcription starts (a child task)."""
+    def _speculate(self, conn: Connection, pause: Any) -> None:
+        """Transcribe the utterance at a candidate end of speech (``SpeechPaused``), so the ASR
+        runs during the end-of-turn silence; the stop reuses it if no speech came since. At most
+        one speculation per connection is in flight (a later pause waits for none: it is skipped)."""
+        if self.speculation is not None and not self.speculation[1].done():
+            return
+        engine = self.service.asr_engine
+        assert engine is not None and conn.session is not None
+        try:
+            future = engine.submit(conn.session.session_id, 0, pause.audio)
+        except SessionError:  # a full queue: the stop transcribes as usual
+            self.speculation = None
+            return
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())  # an unused failure is fine
+        self.speculation = (pause.pause_id, future)
+        self.service.asr_speculations += 1
+
+    async def _commit(
+        self, conn: Connection, item_id: str, audio: np.ndarray, early: asyncio.Future | None = None
+    ) -> None:
+        """The utterance becomes a user item; its transcription starts (a child task), or reuses
+        ``early``, the transcription of a candidate end of this utterance (``_speculate``)."""
         self.committed_at = time.monotonic()
         user = Message(item_id, "user", (InputAudio(None, None),))
         previous = self.items.insert(user, None)
@@ -821,12 +851,19 @@ class _VoiceHandler:
             ev.ItemAdded(user, previous),
             ev.ItemDone(user, previous),
         )
-        self._transcribe(conn, item_id, audio, None)
+        self._transcribe(conn, item_id, audio, None, early)
 
     def _transcribe(
-        self, conn: Connection, item_id: str, audio: np.ndarray | bytes, fmt: AudioFormat | None
+        self,
+        conn: Connection,
+        item_id: str,
+        audio: np.ndarray | bytes,
+        fmt: AudioFormat | None,
+        early: asyncio.Future | None = None,
     ) -> None:
-        """Transcribe ``audio`` (16 kHz samples, or wire bytes in ``fmt``) as a child task."""
+        """Transcribe ``audio`` (16 kHz samples, or wire bytes in ``fmt``) as a child task; a
+        successful ``early`` transcription of the same speech is used instead (its duration made
+        the committed audio's)."""
         engine = self.service.asr_engine
         assert engine is not None and conn.session is not None
         session_id = conn.session.session_id
@@ -834,6 +871,11 @@ class _VoiceHandler:
 
         async def asr() -> Any:
             samples = audio if fmt is None else await asyncio.to_thread(_wire_to_16k, audio, fmt)
+            if early is not None:
+                with contextlib.suppress(Exception):  # it failed: transcribe the utterance itself
+                    transcript = await early
+                    self.service.asr_speculations_used += 1
+                    return replace(transcript, audio_seconds=len(samples) / VAD_RATE)
             return await engine.submit(session_id, 0, samples)
 
         conn.spawn(asr(), lambda result, error: _Transcribed(item_id, result, error))
@@ -869,6 +911,7 @@ class _VoiceHandler:
         """Announce the assistant item and start the streaming tick (a child task). A forced
         tool call (``tool_choice`` ``"required"`` or a function) has no assistant message: its
         function call items are announced as the model makes them."""
+        from models.voice.pacing import PlaybackClock
         from models.voice.stages import ChatRequest
         from models.voice.tool_calls import ToolSpec
 
@@ -908,6 +951,7 @@ class _VoiceHandler:
             # echo the output or call the tool again when the listing is still in the prompt
             tools=() if choice == "none" or (not forced and messages[-1].role == "tool") else specs,
             forced_tools=forced,
+            playback=PlaybackClock(),  # _generate records the audio it sends; the LLM paces on it
         )
         conn.spawn(
             self._generate(conn, r, request, conn.epoch),
@@ -958,6 +1002,8 @@ class _VoiceHandler:
                     usage = speech.usage
                 if frames:
                     await conn.send(*self._render(frames), epoch=epoch)
+                if speech.audio.size and request.playback is not None:
+                    request.playback.sent(speech.audio.size / fmt.sample_rate)
         except TickSupersededError:
             return finished(None)  # cancelled: the runner knows why
         except SessionError as exc:

@@ -56,6 +56,7 @@ def llm_stage(c: VoiceConfig, chat: Any) -> Any:
         return VllmLlmStage(
             chat, c.max_sessions, chunked=c.chunked_tts, first_clause_words=c.first_clause_words
         )
+    from models.voice.pacing import PacingPolicy
     from models.voice.stages import TransformersLlmStage
 
     return TransformersLlmStage(
@@ -64,4 +65,5 @@ def llm_stage(c: VoiceConfig, chat: Any) -> Any:
         workers=c.llm_workers,
         chunked=c.chunked_tts,
         first_clause_words=c.first_clause_words,
+        pacing=PacingPolicy(c.llm_max_lead_s, c.llm_urgent_lead_s),
     )

@@ -10,6 +10,7 @@ from models.voice.vad import (
     FRAME_SAMPLES,
     ServerVadConfig,
     SileroVad,
+    SpeechPaused,
     SpeechStarted,
     SpeechStopped,
     TurnDetector,
@@ -117,6 +118,38 @@ def test_reset_drops_the_utterance_but_keeps_the_clock():
     detector.reset()
     assert not detector.in_speech and detector.position_ms == 3 * FRAME_MS
     assert detector.push(_frame(), 0.9) == SpeechStarted(audio_start_ms=3 * FRAME_MS)
+
+
+def test_a_candidate_end_of_speech_is_announced_and_the_stop_names_it_when_silence_held():
+    detector = TurnDetector(
+        ServerVadConfig(prefix_padding_ms=0, silence_duration_ms=5 * FRAME_MS), speculate_ms=1
+    )
+    probs = [0.9] * 4 + [0.0] * 2 + [0.9] * 3 + [0.0] * 5  # a pause in the speech, then the end
+    decisions = _run(detector, probs)
+    assert [(i, type(d)) for i, d in decisions] == [
+        (0, SpeechStarted),
+        (4, SpeechPaused),  # the first silent frame
+        (9, SpeechPaused),
+        (13, SpeechStopped),
+    ]
+    first, last, stopped = (d for _, d in decisions[1:])
+    assert len(first.audio) == 5 * FRAME_SAMPLES and first.audio_end_ms == 5 * FRAME_MS
+    assert first.pause_id != last.pause_id == stopped.pause_id  # speech came after the first pause
+    assert np.array_equal(
+        stopped.audio[: len(last.audio)], last.audio
+    )  # the stop's audio: the pause's + silence
+
+
+def test_no_candidate_end_without_speculation_or_when_the_bound_stops_speech():
+    assert [type(d) for _, d in _run(TurnDetector(), [0.9] * 3 + [0.0] * 20)] == [
+        SpeechStarted,
+        SpeechStopped,
+    ]
+    detector = TurnDetector(
+        ServerVadConfig(prefix_padding_ms=0, max_utterance_ms=6 * FRAME_MS), speculate_ms=32
+    )
+    (_, _), (_, paused), (_, stopped) = _run(detector, [0.9, 0.9, 0.0, 0.9, 0.9, 0.9])
+    assert isinstance(paused, SpeechPaused) and stopped.pause_id is None  # speech resumed after the pause
 
 
 @pytest.mark.parametrize("bad", [{"threshold": 1.5}, {"prefix_padding_ms": -1}, {"silence_duration_ms": -5}])

@@ -340,3 +340,37 @@ async def test_a_client_created_audio_item_is_transcribed_and_answered(server, s
             "response.output_item.added"
         )  # the response waited for the transcript it needs
         assert any(w in response_text(got, GA).lower() for w in spoken_question.answer_words)
+
+
+async def test_the_transcription_started_at_the_candidate_end_of_speech_is_reused(server, spoken_question):
+    url, service = server
+    started, used = service.asr_speculations, service.asr_speculations_used
+    async with connect(url, GA) as (conn, events):
+        await append_audio(conn, spoken_question.pcm16_24k)
+        got = await events.until("response.done", timeout=90)
+    assert service.asr_speculations == started + 1 and service.asr_speculations_used == used + 1
+    transcript = next(e for e in got if e["type"].endswith("input_audio_transcription.completed"))
+    assert all(w in transcript["transcript"].lower() for w in spoken_question.transcript_words)
+    stopped = next(e for e in got if e["type"] == "input_audio_buffer.speech_stopped")
+    started_at = next(e for e in got if e["type"] == "input_audio_buffer.speech_started")
+    committed_s = (stopped["audio_end_ms"] - started_at["audio_start_ms"]) / 1000
+    assert transcript["usage"]["seconds"] == pytest.approx(committed_s, abs=0.05)  # the committed audio's
+
+
+async def test_a_long_reply_is_generated_no_further_ahead_of_playback_than_the_lead(server):
+    url, service = server
+    lead_s = service.config.llm_max_lead_s
+    async with connect(url, GA) as (conn, events):
+        await conn.conversation.item.create(
+            item=_text_item("Tell me a long story about a dragon and a knight.")
+        )
+        await conn.response.create()
+        first_at, audio_s = None, 0.0
+        while (event := await events.next(60))["type"] != "response.done":
+            if event["type"] == AUDIO_DELTA[GA]:
+                first_at = first_at or asyncio.get_running_loop().time()
+                audio_s += len(base64.b64decode(event["delta"])) / (24_000 * 2)
+        done_at = asyncio.get_running_loop().time()
+    assert first_at is not None and audio_s > lead_s + 3, audio_s  # long enough to be paced
+    # unpaced, SmolLM2 finishes several times faster than the reply is spoken
+    assert done_at - first_at >= audio_s - lead_s - 1.0, (done_at - first_at, audio_s)

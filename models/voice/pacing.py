@@ -1,0 +1,149 @@
+"""Reply pacing for a streaming LLM stage: generate only as fast as the client plays the audio, and
+run a new turn's first clause ahead of other replies' continuations.
+
+The client plays a reply in real time, so a reply generated ten times faster than it is spoken only
+takes CPU from the sessions whose turn just ended. :class:`PlaybackClock` is a response's playback
+position as the server knows it (the kind records the audio it sends; playback is taken to start
+at the first audio and run in real time); its ``lead_s`` is how much sent audio is not played yet.
+:class:`StepGate` admits model steps (one forward each) by urgency: a step is **urgent** while its
+reply has not completed its first clause or its lead is below ``urgent_lead_s`` (playback would
+soon stall); a relaxed step runs only while no urgent step runs or waits. :func:`pace` sleeps a
+reply whose lead reached ``max_lead_s`` until it is back under it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+RECHECK_S = 0.05  # a waiting relaxed step re-evaluates its urgency this often (its lead shrinks)
+
+
+class PlaybackClock:
+    """One response's audio as the client plays it; thread-safe (the kind writes, a worker reads).
+
+    ``sent(seconds)`` records audio sent; playback starts at the first ``sent`` and runs in real
+    time, stalling (not counted) when it catches up with what was sent.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ends_at: float | None = None  # when the audio sent so far has played out
+
+    def sent(self, seconds: float) -> None:
+        now = self._clock()
+        with self._lock:
+            self._ends_at = max(self._ends_at or now, now) + seconds
+
+    def lead_s(self) -> float:
+        """Sent audio not yet played (0 before the first audio and after a stall)."""
+        with self._lock:
+            ends_at = self._ends_at
+        return 0.0 if ends_at is None else max(0.0, ends_at - self._clock())
+
+
+@dataclass(frozen=True, slots=True)
+class PacingPolicy:
+    """``max_lead_s``: a reply's generation sleeps while its lead is at least this (0: never).
+    ``urgent_lead_s``: below this lead a reply's steps are urgent again (as before its first clause).
+    """
+
+    max_lead_s: float = 4.0
+    urgent_lead_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_lead_s < 0 or self.urgent_lead_s < 0:
+            raise ValueError("max_lead_s and urgent_lead_s must be >= 0")
+        if self.max_lead_s and self.urgent_lead_s > self.max_lead_s:
+            raise ValueError(
+                f"urgent_lead_s ({self.urgent_lead_s}) must be <= max_lead_s ({self.max_lead_s})"
+            )
+
+
+DEFAULT_PACING = PacingPolicy()
+
+
+class ReplyPace:
+    """One reply's pacing state: whether its first clause is out, and its playback clock.
+
+    ``clock`` None (a text-only reply, or one whose audio the caller does not track): every step
+    is urgent and it never sleeps, as without pacing.
+    """
+
+    def __init__(self, policy: PacingPolicy, clock: PlaybackClock | None) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.spoke = False  # the first clause went to the TTS
+
+    def urgent(self) -> bool:
+        if self.clock is None or not self.spoke:
+            return True
+        return self.clock.lead_s() < self.policy.urgent_lead_s
+
+    def wait(self, stop: threading.Event) -> None:
+        """Sleep while the lead is at least ``max_lead_s`` (returns early once ``stop`` is set)."""
+        if self.clock is None or not self.policy.max_lead_s or not self.spoke:
+            return
+        while (excess := self.clock.lead_s() - self.policy.max_lead_s) >= 0 and not stop.is_set():
+            stop.wait(excess + RECHECK_S)
+
+
+class StepGate:
+    """At most ``permits`` steps at once; relaxed steps only while no reply is urgent.
+
+    Thread-safe. A reply (anything with ``urgent()``) is registered as urgent or not at each of
+    its ``step`` s and ``update`` s and stays so between them, so an urgent reply holds relaxed
+    ones back across its whole urgent phase, not only during its forwards; ``finish`` forgets it.
+    A waiting relaxed step re-evaluates its urgency every ``RECHECK_S`` (its lead shrinks as its
+    audio plays).
+    """
+
+    def __init__(self, permits: int) -> None:
+        if permits < 1:
+            raise ValueError(f"permits must be >= 1, got {permits}")
+        self.permits = permits
+        self._cond = threading.Condition()
+        self._running = 0
+        self._urgent: set[int] = set()  # id() of the replies urgent at their last step or update
+        self.relaxed_waits = 0  # relaxed steps that waited for urgent replies (metrics, tests)
+
+    @contextlib.contextmanager
+    def step(self, reply: ReplyPace) -> Iterator[None]:
+        """One model step of ``reply``: waits for a permit (and, when relaxed, for no urgent reply)."""
+        with self._cond:
+            waited = False
+            while True:
+                urgent = self._mark(reply)
+                blocked = not urgent and bool(self._urgent)
+                if self._running < self.permits and not blocked:
+                    break
+                waited = waited or blocked
+                self._cond.wait(None if urgent else RECHECK_S)
+            self.relaxed_waits += waited
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    def update(self, reply: ReplyPace) -> None:
+        """Re-register ``reply`` (its first clause went out, or its lead changed)."""
+        with self._cond:
+            self._mark(reply)
+            self._cond.notify_all()
+
+    def finish(self, reply: ReplyPace) -> None:
+        with self._cond:
+            self._urgent.discard(id(reply))
+            self._cond.notify_all()
+
+    def _mark(self, reply: ReplyPace) -> bool:
+        urgent = reply.urgent()
+        (self._urgent.add if urgent else self._urgent.discard)(id(reply))
+        return urgent
