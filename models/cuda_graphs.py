@@ -9,10 +9,16 @@ serves a batch of ``n`` by padding it to the next bucket (repeating its last row
 are independent in the forwards this is used for), copying the inputs in, replaying the graph and
 slicing the first ``n`` rows out.
 
-Contract: ``fn`` must be a pure function of its tensor arguments (no host synchronisation, no
+Contract: ``fn`` must be a function of its tensor arguments (no host synchronisation, no
 data-dependent shapes, no RNG), return one tensor with the batch dimension first, and run on
 the stream it is called on. The output is a fresh tensor (a copy of the static buffer), so a
 later replay never overwrites a result a caller still holds.
+
+A **stateful** ``fn`` (``stateful=True``: it also writes buffers it closes over in place, as the
+duplex step writes its sessions' KV) is never padded here, since a repeated row would write
+twice: every call must bring a whole bucket (``n`` one of ``sizes``) whose extra rows the caller
+made harmless, and the warm-up runs of a capture execute ``fn`` on the example, so a stateful
+example must be one whose writes are harmless too (the duplex step's padding rows).
 """
 
 from __future__ import annotations
@@ -23,14 +29,20 @@ from dataclasses import dataclass
 import torch
 
 
-def buckets(max_batch: int) -> tuple[int, ...]:
-    """Powers of two below ``max_batch``, then ``max_batch`` itself: 1, 2, 4, ..., max_batch."""
+def buckets(max_batch: int, step: int = 0) -> tuple[int, ...]:
+    """Powers of two below ``max_batch``, then ``max_batch`` itself: 1, 2, 4, ..., max_batch.
+
+    With ``step > 0``: powers of two below ``step``, then every multiple of ``step`` below
+    ``max_batch``, then ``max_batch`` (finer buckets where padding a batch costs real work:
+    ``buckets(64, 8)`` is 1, 2, 4, 8, 16, 24, ..., 56, 64)."""
     sizes = [1]
-    while sizes[-1] * 2 < max_batch:
+    while sizes[-1] * 2 < max_batch and (not step or sizes[-1] * 2 < step):
         sizes.append(sizes[-1] * 2)
+    if step:
+        sizes.extend(range(step, max_batch, step))
     if max_batch > 1:
         sizes.append(max_batch)
-    return tuple(sizes)
+    return tuple(sorted(set(sizes)))
 
 
 @dataclass
@@ -43,10 +55,20 @@ class _Graph:
 class BatchGraphs:
     """Replays ``fn`` from CUDA graphs captured per batch bucket (see the module docstring)."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], max_batch: int, warmup_iters: int = 2) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., torch.Tensor],
+        max_batch: int,
+        warmup_iters: int = 2,
+        sizes: tuple[int, ...] | None = None,
+        stateful: bool = False,
+    ) -> None:
+        """``sizes``: the buckets (default :func:`buckets` of ``max_batch``); ``stateful``: see
+        the module docstring."""
         self.fn = fn
-        self.sizes = buckets(max_batch)
+        self.sizes = sizes or buckets(max_batch)
         self.warmup_iters = warmup_iters
+        self.stateful = stateful
         self._graphs: dict[tuple[int, tuple[tuple[int, ...], ...]], _Graph] = {}
         self._pool = None
 
@@ -67,6 +89,8 @@ class BatchGraphs:
         size = next((s for s in self.sizes if s >= n), None)
         if size is None:
             raise ValueError(f"batch of {n} exceeds the captured maximum {self.max_batch}")
+        if self.stateful and size != n:
+            raise ValueError(f"a stateful batch must be a whole bucket of {self.sizes}, got {n} rows")
         key = _key(size, inputs)
         entry = self._graphs.get(key)
         if entry is None:

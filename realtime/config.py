@@ -251,6 +251,7 @@ class DuplexConfig:
     max_history_items: PositiveInt = 256
     compute_admission: bool = True
     compute_utilisation: Fraction = 0.9
+    cuda_graphs: bool = True  # embedded models on CUDA: replay the LM step from CUDA graphs
     opus: bool = True
     opus_bitrate: Annotated[int, _in_range(6000, 510_000)] = 24_000
 

@@ -17,6 +17,16 @@ Positions and rolling (sink + window, StreamingLLM's scheme):
   positions ``0 .. context - 1``: no distance ever exceeds the context the model works in. Only
   the ``sink`` keys are rotated per step (cheap); nothing stored is re-roped.
 
+Scratch column: every slot row has one column past the context, ``context``, that no row ever
+sees. A padding row of a bucketed step (``t = -1``: a CUDA graph runs a fixed batch of pool rows
+``0 .. b - 1``, some of which are not stepping) writes its key and value there, so padding never
+changes a session's KV; the row sees only that column (no row attends over nothing).
+
+Per-step traffic: each layer reads the batch's rows of the pool as views when they are one
+contiguous range (always in the bucketed form), a gathered copy otherwise; after a roll, the
+``sink`` keys are rotated **in place** and restored right after the layer's attention (a copy of
+``sink`` columns, never of the whole row).
+
 Transactionality: the write at step ``t`` replaces, after a roll, the frame ``t - window``, which
 step ``t`` itself no longer sees, and an unrolled step writes past every visible frame; a step
 that fails before its commit is retried as the same step ``t``, which rewrites the same index.
@@ -28,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from models.duplex.configs import DuplexModelConfig
@@ -49,16 +60,21 @@ class KVGeometry:
         return cls(cfg.layers, cfg.heads, cfg.head_dim, cfg.context, cfg.sink, size)
 
     @property
+    def columns(self) -> int:
+        """KV positions stored per slot: the context and the scratch column."""
+        return self.context + 1
+
+    @property
     def bytes_per_session(self) -> int:
-        return self.layers * 2 * self.heads * self.context * self.head_dim * self.dtype_bytes
+        return self.layers * 2 * self.heads * self.columns * self.head_dim * self.dtype_bytes
 
 
 @dataclass(frozen=True)
 class StepRows:
-    """The rows of one batched step: pool ``slots [B]`` at positions ``t [B]`` (on the device);
-    ``span``, the same slots as a contiguous range when they are one (read as views of the pool,
-    not a gathered copy); ``rolled``, whether any row is past the context (host-side, so the
-    sink re-rotation costs no device sync when nothing rolled)."""
+    """The rows of one batched step: pool ``slots [B]`` at positions ``t [B]`` (on the device;
+    ``t = -1`` marks a padding row); ``span``, the same slots as a contiguous range when they are
+    one (read as views of the pool, not a gathered copy); ``rolled``, whether any row may be past
+    the context (host-side, so the sink re-rotation costs nothing when nothing rolled)."""
 
     slots: Tensor
     t: Tensor
@@ -75,6 +91,24 @@ class StepRows:
             max(steps) >= context,
         )
 
+    @classmethod
+    def bucket(cls, t: Tensor) -> StepRows:
+        """Pool rows ``0 .. len(t) - 1`` at positions ``t`` (``-1``: padding), with no host-side
+        knowledge: the form a CUDA graph captures once per bucket (any row may have rolled)."""
+        b = t.shape[0]
+        return cls(torch.arange(b, device=t.device), t, range(b), True)
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What every layer of one step shares: the column each row writes ``[B]``, the visibility
+    mask ``[B, 1, 1, columns]`` (True = attend), and the sink keys' read positions ``[B, sink]``
+    (None when no row rolled or there is no sink)."""
+
+    columns: Tensor
+    visible: Tensor
+    sink_positions: Tensor | None
+
 
 class SlotKV:
     def __init__(
@@ -82,33 +116,44 @@ class SlotKV:
     ) -> None:
         g = self.geometry = geometry
         self.theta = theta
-        self.kv = torch.zeros(slots, g.layers, 2, g.heads, g.context, g.head_dim, dtype=dtype, device=device)
+        self.kv = torch.zeros(slots, g.layers, 2, g.heads, g.columns, g.head_dim, dtype=dtype, device=device)
 
     def index(self, t: Tensor) -> Tensor:
-        """The ring index of frame ``t [B]``."""
+        """The ring index of frame ``t [B]`` (``t >= 0``)."""
         g = self.geometry
         window = g.context - g.sink
         return torch.where(t < g.context, t, g.sink + (t - g.sink) % window)
 
-    def write(self, layer: int, rows: StepRows, k: Tensor, v: Tensor) -> None:
-        """Store each row's roped key and value ``[B, heads, head_dim]`` of frame ``rows.t`` in place."""
-        idx = self.index(rows.t)
-        self.kv[rows.slots, layer, 0, :, idx] = k
-        self.kv[rows.slots, layer, 1, :, idx] = v
-
-    def read(self, layer: int, rows: StepRows) -> tuple[Tensor, Tensor, Tensor]:
-        """Keys and values ``[B, heads, context, head_dim]`` and the mask ``[B, 1, 1, context]``
-        (True = attend) that each row's step sees; sink keys re-rotated after a roll."""
-        g, t, span = self.geometry, rows.t, rows.span
-        pool = self.kv[span.start : span.stop, layer] if span is not None else self.kv[rows.slots, layer]
-        k, v = pool[:, 0], pool[:, 1]
+    def view(self, rows: StepRows) -> StepView:
+        """The step's shared tensors (computed once per step, not per layer)."""
+        g, t = self.geometry, rows.t
+        columns = torch.where(t >= 0, self.index(t), g.context)
+        col = torch.arange(g.columns, device=t.device)[None, :]
+        visible = ((col <= t[:, None]) & (col < g.context)) | (col == columns[:, None])
+        sink = None
         if g.sink and rows.rolled:
-            shift = (t - (g.context - 1)).clamp(min=0)
-            k = k.clone()  # rotate a copy: the pool keeps keys roped at their absolute positions
-            sink = k[:, :, : g.sink].transpose(1, 2)  # [B, sink, H, Dh]
-            k[:, :, : g.sink] = rope(sink, shift[:, None].expand(-1, g.sink), self.theta).transpose(1, 2)
-        visible = torch.arange(g.context, device=t.device)[None, :] <= t[:, None]
-        return k, v, visible[:, None, None, :]
+            shift = (t - (g.context - 1)).clamp(min=0)  # 0 (an exact identity) for unrolled rows
+            sink = shift[:, None].expand(-1, g.sink)
+        return StepView(columns, visible[:, None, None, :], sink)
+
+    def attend(self, layer: int, rows: StepRows, view: StepView, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Store each row's roped key and value (``k / v [B, heads, 1, head_dim]``) in place at
+        its column, then attend ``q [B, heads, 1, head_dim]`` over what the row sees: the sink keys
+        re-rotated after a roll, as if the kept frames sat at positions ``0 .. context - 1``."""
+        self.kv[rows.slots, layer, 0, :, view.columns] = k[:, :, 0]
+        self.kv[rows.slots, layer, 1, :, view.columns] = v[:, :, 0]
+        span = rows.span
+        pool = self.kv[span.start : span.stop, layer] if span is not None else self.kv[rows.slots, layer]
+        keys, values = pool[:, 0], pool[:, 1]
+        if view.sink_positions is None:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=view.visible)
+        sink = keys[:, :, : self.geometry.sink]  # a view of the pool (or of the gathered copy)
+        stored = sink.clone()
+        sink.copy_(rope(stored.transpose(1, 2), view.sink_positions, self.theta).transpose(1, 2))
+        try:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=view.visible)
+        finally:
+            sink.copy_(stored)  # the pool keeps keys roped at their absolute positions
 
     def reset(self, slot: int) -> None:
         self.kv[slot].zero_()

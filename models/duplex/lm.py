@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from models.duplex.configs import DuplexModelConfig
 from models.duplex.kv_cache import SlotKV, StepRows
-from models.world.dit import RMSNorm, rope
+from models.world.dit import RMSNorm, apply_rope, rope_angles
 
 PAD, BOS = 0, 1
 # The tiny text vocabulary's word pieces (ids 2 ..); larger vocabularies (Moshi-shaped) reuse them.
@@ -61,12 +61,13 @@ class Block(nn.Module):
         self.w_up = nn.Linear(dim, ffn_dim, bias=False)
         self.w_down = nn.Linear(ffn_dim, dim, bias=False)
 
-    def forward(self, x: Tensor, positions: Tensor | None, attend: Attend) -> Tensor:
-        """``x [B, N, D]``, ``positions [B, N]`` (absolute frame indices) or None (no RoPE)."""
+    def forward(self, x: Tensor, angles: tuple[Tensor, Tensor] | None, attend: Attend) -> Tensor:
+        """``x [B, N, D]``; ``angles``: the :func:`rope_angles` of the tokens' absolute frame
+        indices (computed once per forward), or None (no RoPE)."""
         b, n, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, d // self.heads).unbind(2)
-        if positions is not None:
-            q, k = rope(q, positions, self.theta), rope(k, positions, self.theta)
+        if angles is not None:
+            q, k = apply_rope(q, angles), apply_rope(k, angles)
         o = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         x = x + self.proj(o.transpose(1, 2).reshape(b, n, d))
         h = self.norm2(x)
@@ -154,8 +155,9 @@ class DuplexLM(nn.Module):
     def temporal_forward(self, x: Tensor, positions: Tensor, attend: Callable[[int], Attend]) -> Tensor:
         """``x [B, N, D]`` at ``positions [B, N]`` -> ``h [B, N, D]``; ``attend(layer)`` gives each
         layer's attention (over the resident KV for a step, causal over ``x`` for a recompute)."""
+        angles = rope_angles(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         for layer, block in enumerate(self.temporal):
-            x = block(x, positions, attend(layer))
+            x = block(x, angles, attend(layer))
         return self.out_norm(x)
 
     def depth_decode(self, h: Tensor, text: Tensor, seeds: Tensor, step: Tensor) -> Tensor:
@@ -185,21 +187,27 @@ class DuplexLM(nn.Module):
         self, kv: SlotKV, rows: StepRows, text: Tensor, audio: Tensor, user: Tensor, seeds: Tensor
     ) -> StepTokens:
         """One frame of every row of ``rows``: previous ``text [B]`` / ``audio [B, n_q]``, this
-        frame's ``user [B, n_q]`` codes, ``seeds [B]``. Writes each row's KV at its position in place."""
+        frame's ``user [B, n_q]`` codes, ``seeds [B]``. Writes each row's KV at its position in
+        place (a padding row, ``t = -1``, into the scratch column)."""
         x = self.embed(text[:, None], audio[:, None], user[:, None])
-        h = self.temporal_forward(x, rows.t[:, None], lambda layer: _pool_attend(kv, layer, rows))[:, 0]
+        view = kv.view(rows)
+
+        def attend(layer: int) -> Attend:
+            return lambda q, k, v: kv.attend(layer, rows, view, q, k, v)
+
+        h = self.temporal_forward(x, rows.t[:, None], attend)[:, 0]
         noise = gumbel_noise(seeds, rows.t, 1, self.cfg.text_vocab)[:, 0]
         text_out = sample(self.text_head(h), noise, self.cfg.text_temperature)
         return StepTokens(text_out, self.depth_decode(h, text_out, seeds, rows.t), h)
 
-
-def _pool_attend(kv: SlotKV, layer: int, rows: StepRows) -> Attend:
-    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        kv.write(layer, rows, k[:, :, 0], v[:, :, 0])
-        keys, values, mask = kv.read(layer, rows)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-
-    return attend
+    def bucket_step(
+        self, kv: SlotKV, text: Tensor, audio: Tensor, user: Tensor, seeds: Tensor, t: Tensor
+    ) -> Tensor:
+        """:meth:`step` of pool rows ``0 .. b - 1`` (``b = len(t)``; ``t = -1``: a padding row),
+        as one tensor ``[b, 1 + n_q]`` (text token, then the codebooks): the graph-capturable form
+        (fixed shapes, no host synchronisation, no host-side knowledge of the rows)."""
+        out = self.step(kv, StepRows.bucket(t), text, audio, user, seeds)
+        return torch.cat([out.text[:, None], out.audio], dim=1)
 
 
 def _scratch_attend(scratch: Tensor, k_pos: int) -> Attend:

@@ -24,6 +24,7 @@ the crossing); ``"end"`` answers every step at or beyond the context length with
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ import torch
 
 from models.duplex.codec import CodecStatePool, StreamingCodec
 from models.duplex.configs import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, ContextPolicy, DuplexModelConfig
+from models.duplex.graphs import BucketedStep, StepMode
 from models.duplex.kv_cache import KVGeometry, SlotKV, StepRows
 from models.duplex.lm import BOS, PAD, DuplexLM, text_piece
 from models.stage import StageItem
@@ -51,6 +53,7 @@ __all__ = [
     "DuplexOutput",
     "DuplexStage",
     "DuplexStepFailed",
+    "StepMode",
     "build_duplex_stage",
     "measure_step_seconds",
 ]
@@ -100,6 +103,8 @@ class DuplexOutput:
     rolled: bool = False  # the KV rolled (sink + window) at this step
 
 
+log = logging.getLogger(__name__)
+
 _ZEROS = np.zeros(FRAME_SAMPLES, dtype=np.float32)
 _ZEROS.flags.writeable = False
 SILENCE = DuplexInput(_ZEROS, silent=True)  # the frame a session with no input steps on (read-only)
@@ -139,6 +144,12 @@ class DuplexStage:
     Per slot: the temporal KV (:class:`SlotKV`), the codec's encoder (user audio) and decoder
     (model audio) buffers (:class:`CodecStatePool`), the previous step's text and audio tokens,
     the sampling seed and the position. ``state_bytes`` counts all of them.
+
+    ``step_mode`` (``models/duplex/graphs.py``): ``"eager"`` steps the batch's rows;
+    ``"buckets"`` the bucketed form eagerly; ``"cuda_graphs"`` (CUDA only) replays the bucketed
+    form from CUDA graphs captured here. A capture or replay that fails is logged with its
+    exception and the stage steps eagerly from then on (``step_mode`` says which mode runs,
+    ``graph_error`` why graphs do not).
     """
 
     name = "duplex"
@@ -153,10 +164,13 @@ class DuplexStage:
         device: str,
         slot_capacity: int,
         seed: int = 0,
+        step_mode: StepMode = "eager",
     ) -> None:
         config.validate()
         if slot_capacity < 1:
             raise ValueError("slot_capacity must be >= 1")
+        if step_mode == "cuda_graphs" and torch.device(device).type != "cuda":
+            raise ValueError(f"step_mode 'cuda_graphs' needs a CUDA device, got {device!r}")
         self.config, self.codec, self.lm = config, codec, lm
         self.device, self.slot_capacity, self.seed = device, slot_capacity, seed
         dtype = getattr(torch, config.dtype)
@@ -169,6 +183,15 @@ class DuplexStage:
         )
         self.seeds = torch.zeros(slot_capacity, dtype=torch.long, device=device)
         self.steps = np.zeros(slot_capacity, dtype=np.int64)  # host copy: policy decisions, no sync
+        self.step_mode: StepMode = "eager"
+        self.graph_error: str | None = None
+        self.bucketed: BucketedStep | None = None
+        if step_mode != "eager":
+            try:
+                self.bucketed = BucketedStep(lm, self.kv, slot_capacity, device, step_mode == "cuda_graphs")
+                self.step_mode = step_mode
+            except Exception as e:  # a capture that fails must not take the stage down
+                self._graphs_failed("capture", e)
 
     @property
     def context_policy(self) -> ContextPolicy:
@@ -218,15 +241,14 @@ class DuplexStage:
         with torch.inference_mode():
             state = self.codec_state.gather(slots)
             user, encoder = self.codec.encode(torch.from_numpy(pcm).to(self.device, self.dtype), state)
-            prev_text, prev_audio, seeds = self.prev_text[slots], self.prev_audio[slots], self.seeds[slots]
-            out = self.lm.step(self.kv, rows, prev_text, prev_audio, user[:, :, 0], seeds)
-            audio, decoder = self.codec.decode(out.audio[:, :, None], state)
+            text_tokens, audio_tokens = self._lm_step(slot_list, steps, rows, user[:, :, 0])
+            audio, decoder = self.codec.decode(audio_tokens[:, :, None], state)
             audio_np = audio.float().cpu().numpy()
-            text = out.text.cpu().tolist()
+            text = text_tokens.cpu().tolist()
             # commit: everything above succeeded
             self.codec_state.commit(slots, encoder, decoder)
-            self.prev_text[slots] = out.text
-            self.prev_audio[slots] = out.audio
+            self.prev_text[slots] = text_tokens
+            self.prev_audio[slots] = audio_tokens
         self.steps[slot_list] = steps + 1
         outputs: list[DuplexOutput | Exception] = [None] * len(items)  # type: ignore[list-item]
         for row, i in enumerate(order):
@@ -235,11 +257,41 @@ class DuplexStage:
             outputs[i] = DuplexOutput(audio_np[row], text_piece(tok), tok != PAD, step, rolled)
         return outputs
 
+    def _lm_step(
+        self, slot_list: list[int], steps: np.ndarray, rows: StepRows, user: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LM's text ``[B]`` and audio ``[B, n_q]`` tokens of the batch (rows in slot order)."""
+        if self.bucketed is not None:
+            try:
+                return self.bucketed(
+                    slot_list, steps, rows.slots, user, self.prev_text, self.prev_audio, self.seeds
+                )
+            except Exception as e:
+                if self.step_mode != "cuda_graphs":
+                    raise
+                # nothing was committed: the eager step below rewrites the same KV columns
+                self._graphs_failed("replay", e)
+        slots = rows.slots
+        out = self.lm.step(
+            self.kv, rows, self.prev_text[slots], self.prev_audio[slots], user, self.seeds[slots]
+        )
+        return out.text, out.audio
+
+    def _graphs_failed(self, phase: str, error: Exception) -> None:
+        self.graph_error = f"{phase}: {type(error).__name__}: {error}"
+        log.exception("duplex CUDA-graph %s failed; stepping eagerly from now on", phase)
+        self.bucketed, self.step_mode = None, "eager"
+
 
 def build_duplex_stage(
-    config: DuplexModelConfig, device: str, slot_capacity: int, seed: int = 0
+    config: DuplexModelConfig,
+    device: str,
+    slot_capacity: int,
+    seed: int = 0,
+    step_mode: StepMode | None = None,
 ) -> DuplexStage:
-    """The embedded duplex model with random weights drawn from ``seed``, ``slot_capacity`` slots.
+    """The embedded duplex model with random weights drawn from ``seed``, ``slot_capacity`` slots;
+    ``step_mode`` None: ``"cuda_graphs"`` on CUDA, ``"eager"`` elsewhere.
 
     ``device="meta"`` builds the shapes without memory (capacity planning of large configs:
     ``state_bytes`` is exact there; ``forward`` cannot run).
@@ -251,7 +303,9 @@ def build_duplex_stage(
         codec, lm = StreamingCodec(config), DuplexLM(config)
     codec = codec.to(dtype=dtype).eval().requires_grad_(False)
     lm = lm.to(dtype=dtype).eval().requires_grad_(False)
-    return DuplexStage(config, codec, lm, device, slot_capacity, seed)
+    if step_mode is None:
+        step_mode = "cuda_graphs" if torch.device(device).type == "cuda" else "eager"
+    return DuplexStage(config, codec, lm, device, slot_capacity, seed, step_mode)
 
 
 def measure_step_seconds(stage: Any, max_batch: int, reps: int = 3) -> dict[int, float]:

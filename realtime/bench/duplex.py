@@ -16,8 +16,14 @@ the largest ``n`` whose p99 period compute is under the period. Finally the lock
 served through the real ``StageEngine`` + ``FrameClock`` for ``--periods`` frames (late and missed
 steps counted, from the first full-batch steps on), which adds the scheduler's own overhead.
 
-The last line is one JSON object: ``max_sessions_lockstep``, ``max_sessions_serial``, the step
-time (ms) per batch size and the engine check.
+``--cuda-graphs off`` steps the embedded model eagerly on CUDA (the default replays its step
+from CUDA graphs, ``duplex.cuda_graphs``); ``--sizes`` picks the session counts (default 1, 2,
+4, ... up to ``--max-sessions``); ``--serial-max`` caps the serial mode's session counts (0: no
+serial runs; serial at large counts costs ``n`` forwards per period).
+
+The last line is one JSON object: ``max_sessions_80ms`` (= ``max_sessions_lockstep``),
+``max_sessions_serial``, the step time (ms, p50 and p99) per batch size, the step mode that ran
+(``graph_error`` if a capture fell back to eager) and the engine check.
 """
 
 from __future__ import annotations
@@ -105,6 +111,21 @@ async def engine_check(stage: Any, n: int, periods: int) -> dict[str, float]:
     }
 
 
+def _sizes(spec: str, max_sessions: int) -> list[int]:
+    """The session counts to measure: ``spec`` (comma-separated, each in ``1 .. max_sessions``)
+    or 1, 2, 4, ... and ``max_sessions``."""
+    if spec:
+        sizes = sorted({int(n) for n in spec.split(",")})
+        if sizes[0] < 1 or sizes[-1] > max_sessions:
+            raise SystemExit(f"--sizes must lie in 1 .. --max-sessions ({max_sessions})")
+        return sizes
+    sizes, b = [], 1
+    while b < max_sessions:
+        sizes.append(b)
+        b *= 2
+    return [*sizes, max_sessions]
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="realtime bench duplex", description=__doc__.splitlines()[0])
     p.add_argument(
@@ -116,30 +137,39 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-sessions", type=int, default=16)
     p.add_argument("--periods", type=int, default=25, help="frames per measurement (25 = 2 s of audio)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--cuda-graphs", choices=["on", "off"], default="on", help="embedded models on CUDA")
+    p.add_argument("--sizes", default="", help="session counts, comma-separated (default: powers of two)")
+    p.add_argument("--serial-max", type=int, default=None, help="largest serial session count (0: none)")
     args = p.parse_args(argv)
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    stage = build_stage(DuplexConfig(model=args.model, device=args.device), args.max_sessions)
-    sizes, b = [], 1
-    while b < args.max_sessions:
-        sizes.append(b)
-        b *= 2
-    sizes.append(args.max_sessions)
+    config = DuplexConfig(model=args.model, device=args.device, cuda_graphs=args.cuda_graphs == "on")
+    t0 = time.perf_counter()
+    stage = build_stage(config, args.max_sessions)
+    build_s = time.perf_counter() - t0
+    sizes = _sizes(args.sizes, args.max_sessions)
+    serial_max = args.max_sessions if args.serial_max is None else args.serial_max
+    mode = getattr(stage, "step_mode", "eager")
+    graph_error = getattr(stage, "graph_error", None)
     table: dict[str, dict[int, dict[str, float]]] = {"lockstep": {}, "serial": {}}
-    print(f"duplex {args.model} on {args.device}: period {FRAME_MS} ms, {args.periods} frames per point")
+    print(
+        f"duplex {args.model} on {args.device}: period {FRAME_MS} ms, {args.periods} frames per point, "
+        f"step mode {mode} (built in {build_s:.1f} s)"
+    )
+    if graph_error:
+        print(f"CUDA graphs fell back to eager: {graph_error}")
     print(
         f"{'sessions':>8} | {'lockstep p50/p99 ms':>20} {'play':>5} | {'serial p50/p99 ms':>18} {'play':>5}"
     )
     for n in sizes:
-        for mode in table:
-            table[mode][n] = run_mode(stage, n, args.periods, serial=mode == "serial")
-        lo, se = table["lockstep"][n], table["serial"][n]
-        print(
-            f"{n:>8} | {lo['p50_ms']:>9.1f} / {lo['p99_ms']:>7.1f} {lo['min_continuous_play']:>5.2f} | "
-            f"{se['p50_ms']:>7.1f} / {se['p99_ms']:>7.1f} {se['min_continuous_play']:>5.2f}"
-        )
+        table["lockstep"][n] = lo = run_mode(stage, n, args.periods, serial=False)
+        line = f"{n:>8} | {lo['p50_ms']:>9.1f} / {lo['p99_ms']:>7.1f} {lo['min_continuous_play']:>5.2f} | "
+        if n <= serial_max:
+            table["serial"][n] = se = run_mode(stage, n, args.periods, serial=True)
+            line += f"{se['p50_ms']:>7.1f} / {se['p99_ms']:>7.1f} {se['min_continuous_play']:>5.2f}"
+        print(line)
     best = {
         mode: max([n for n, r in rows.items() if r["p99_ms"] < FRAME_MS], default=0)
         for mode, rows in table.items()
@@ -150,12 +180,17 @@ def main(argv: list[str]) -> int:
     print(f"max sessions within the deadline: lockstep {best['lockstep']}, serial {best['serial']}")
     print(f"engine check at {best['lockstep']} sessions: {check}")
     figures = {
+        "max_sessions_80ms": best["lockstep"],
         "max_sessions_lockstep": best["lockstep"],
         "max_sessions_serial": best["serial"],
         "model": args.model,
         "device": args.device,
         "period_ms": FRAME_MS,
+        "step_mode": getattr(stage, "step_mode", "eager"),
+        "graph_error": graph_error,
+        "build_s": round(build_s, 1),
         "step_ms_by_batch": {n: round(r["p50_ms"], 2) for n, r in table["lockstep"].items()},
+        "step_p99_ms_by_batch": {n: round(r["p99_ms"], 2) for n, r in table["lockstep"].items()},
         "continuous_play_lockstep": {n: r["min_continuous_play"] for n, r in table["lockstep"].items()},
         "continuous_play_serial": {n: r["min_continuous_play"] for n, r in table["serial"].items()},
         "engine_check": check,

@@ -15,10 +15,11 @@ from realtime.config import DuplexConfig
 from realtime.kinds.duplex_session import StepFailed
 
 
-def build_stage(config: DuplexConfig, slots: int) -> Any:
+def build_stage(config: DuplexConfig, slots: int, capture: bool = True) -> Any:
     """The model ``config.model`` names as a duplex stage of ``slots`` slots: the embedded model
-    (random weights from ``seed``), Moshi's tiny random test config, or Moshi from the local
-    folder ``config.weights`` (``model.safetensors``, ``tokenizer-*.safetensors`` (Mimi),
+    (random weights from ``seed``; its step replayed from CUDA graphs on CUDA when
+    ``config.cuda_graphs`` and ``capture``), Moshi's tiny random test config, or Moshi from the
+    local folder ``config.weights`` (``model.safetensors``, ``tokenizer-*.safetensors`` (Mimi),
     ``tokenizer_spm_*.model``)."""
     if config.model in ("moshi-test", "moshi"):
         from models.duplex.moshi_adapter import SMALL_LM_KWARGS, SMALL_MIMI_CONFIG, MoshiDuplexStage
@@ -40,13 +41,14 @@ def build_stage(config: DuplexConfig, slots: int) -> Any:
     from models.duplex.configs import CONFIGS
     from models.duplex.stage import build_duplex_stage
 
-    return build_duplex_stage(CONFIGS[config.model], config.device, slots, config.seed)
+    mode = None if config.cuda_graphs and capture else "eager"
+    return build_duplex_stage(CONFIGS[config.model], config.device, slots, config.seed, step_mode=mode)
 
 
 def per_session_bytes(config: DuplexConfig) -> int:
     """One session's resident bytes, from a one-slot build freed at once (memory is then
-    measured before the real pools exist)."""
-    probe = build_stage(config, 1)
+    measured before the real pools exist; no CUDA graphs are captured for it)."""
+    probe = build_stage(config, 1, capture=False)
     per_session = int(probe.state_bytes())
     del probe
     if config.device.startswith("cuda"):

@@ -246,7 +246,7 @@ def test_the_moshi_7b_shaped_config_builds_on_meta_with_moshi_sized_state() -> N
     stage = build_duplex_stage(MOSHI_7B, "meta", slot_capacity=32)
     params = sum(p.numel() for p in stage.lm.parameters())
     assert 6.5e9 < params < 8e9  # Moshi is a 7B-parameter temporal + depth transformer
-    kv = 32 * 2 * 4096 * 3000 * 2  # layers x (K, V) x dim x context x bf16 bytes
+    kv = 32 * 2 * 4096 * (3000 + 1) * 2  # layers x (K, V) x dim x (context + scratch) x bf16 bytes
     assert stage.kv.geometry.bytes_per_session == kv
     assert kv < stage.state_bytes() < kv * 1.01
 
