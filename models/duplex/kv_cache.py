@@ -1,4 +1,4 @@
-"""The temporal transformer's KV, resident in place per slot: ``[slots, layers, 2, heads, context, head_dim]``.
+"""The temporal transformer's KV, resident in place per slot: ``[slots, layers, 2, heads, context + 1, head_dim]``.
 
 Allocated once for ``slot_capacity`` sessions and never grown or concatenated: a step writes each
 session's new key and value at its position's index and attends over the slot's whole row with a
