@@ -71,25 +71,35 @@ class ReplyPace:
     """One reply's pacing state: whether its first clause is out, and its playback clock.
 
     ``clock`` None (a text-only reply, or one whose audio the caller does not track): every step
-    is urgent and it never sleeps, as without pacing.
+    is urgent and it never sleeps, as without pacing. Once ``stop`` is set (an abort) its steps
+    are urgent too: the step that notices the abort must not wait behind other replies (the
+    session's next turn waits for it to end).
     """
 
-    def __init__(self, policy: PacingPolicy, clock: PlaybackClock | None) -> None:
+    def __init__(
+        self, policy: PacingPolicy, clock: PlaybackClock | None, stop: threading.Event | None = None
+    ) -> None:
         self.policy = policy
         self.clock = clock
+        self.stop = stop
         self.spoke = False  # the first clause went to the TTS
 
     def urgent(self) -> bool:
-        if self.clock is None or not self.spoke:
+        if self.clock is None or not self.spoke or (self.stop is not None and self.stop.is_set()):
             return True
         return self.clock.lead_s() < self.policy.urgent_lead_s
 
+    def ahead(self) -> bool:
+        """The lead reached ``max_lead_s`` (after the first clause; never when pacing is off)."""
+        if self.clock is None or not self.policy.max_lead_s or not self.spoke:
+            return False
+        return self.clock.lead_s() >= self.policy.max_lead_s
+
     def wait(self, stop: threading.Event) -> None:
         """Sleep while the lead is at least ``max_lead_s`` (returns early once ``stop`` is set)."""
-        if self.clock is None or not self.policy.max_lead_s or not self.spoke:
-            return
-        while (excess := self.clock.lead_s() - self.policy.max_lead_s) >= 0 and not stop.is_set():
-            stop.wait(excess + RECHECK_S)
+        while self.ahead() and not stop.is_set():
+            assert self.clock is not None
+            stop.wait(self.clock.lead_s() - self.policy.max_lead_s + RECHECK_S)
 
 
 class StepGate:

@@ -400,7 +400,7 @@ class TransformersLlmStage:
     def _generate(self, session_id: str, request: ChatRequest, stop: threading.Event, put) -> None:
         """The worker thread: generate (each step through the gate, paced), split clauses, hand
         every chunk to the loop."""
-        pace = ReplyPace(self.pacing, request.playback if request.speak else None)
+        pace = ReplyPace(self.pacing, request.playback if request.speak else None, stop)
         try:
             pieces = self.chat.generate(
                 session_id,

@@ -6,7 +6,8 @@ to the first ``response.output_audio.delta`` the client receives. Two modes (``M
 chunked-vs-full comparison and, with ``--llm-backends ... vllm``, both modes on the vLLM backend
 (keys ending in ``_vllm``).
 
-Last line: JSON with ``ttfa_ms_N`` / ``ttfa_ms_N_p95`` / ``stall_ms_N_p95`` (conversation load),
+Last line: JSON with ``ttfa_ms_N`` / ``ttfa_ms_N_p95`` / ``stall_ms_N_p95`` / ``failed_turns_N``
+(conversation load; a failed response is counted, not timed),
 ``ttfa_ms_N_burst``, ``ttfa_8_vs_1_ratio`` and ``ttfa_8_vs_1_burst_ratio``, ``model_ms``,
 ``overhead_ms_1``, ``ttfa_chunked_ms_1``, ``ttfa_full_ms_1``, ``ttfa_chunked_vs_full_ratio``,
 ``ttfa_ms_4_transformers``, ``cycle_s``.
@@ -262,23 +263,27 @@ async def load_figures(args: argparse.Namespace, url: str, questions: list[bytes
     figures: dict[str, float] = {}
     print(f"conversation load ({args.turns} measured turns per session after a warm-up turn; "
           f"think {args.think_s[0]:g}-{args.think_s[1]:g} s; seed {args.seed}):")  # fmt: skip
-    print(
-        f"{'sessions':>8} {'turns':>6} {'TTFA p50 ms':>12} {'p95 ms':>8} {'stall p95 ms':>13} {'reply s':>8}"
-    )
+    print(f"{'sessions':>8} {'turns':>6} {'failed':>6} {'TTFA p50 ms':>12} {'p95 ms':>8} "
+          f"{'stall p95 ms':>13} {'reply s':>8}")  # fmt: skip
     cycle_s = 0.0
     for n in sorted(args.sessions):
         plan = LoadPlan(n, args.turns + 1, cycle_s, tuple(args.think_s), args.seed)
         began = time.perf_counter()
-        turns = await conversation_load(url, questions, plan)
+        timings = await conversation_load(url, questions, plan)
         if n == 1:  # one cycle: what a session's speak-listen-think loop takes
             cycle_s = (time.perf_counter() - began) / plan.turns
+        turns = [t for t in timings if not t.failed]
+        figures[f"failed_turns_{n}"] = len(timings) - len(turns)
+        if not turns:
+            print(f"{n:>8} {len(timings):>6} {len(timings):>6}  (every turn failed)")
+            continue
         values, stalls = [t.ttfa_ms for t in turns], [t.stall_ms for t in turns]
         figures[f"ttfa_ms_{n}"] = round(percentile(values, 0.5), 1)
         figures[f"ttfa_ms_{n}_p95"] = round(percentile(values, 0.95), 1)
         figures[f"stall_ms_{n}_p95"] = round(percentile(stalls, 0.95), 1)
         reply_s = statistics.mean(t.audio_s for t in turns)
-        print(f"{n:>8} {len(turns):>6} {figures[f'ttfa_ms_{n}']:>12.0f} {figures[f'ttfa_ms_{n}_p95']:>8.0f} "
-              f"{figures[f'stall_ms_{n}_p95']:>13.0f} {reply_s:>8.1f}")  # fmt: skip
+        print(f"{n:>8} {len(timings):>6} {figures[f'failed_turns_{n}']:>6} {figures[f'ttfa_ms_{n}']:>12.0f} "
+              f"{figures[f'ttfa_ms_{n}_p95']:>8.0f} {figures[f'stall_ms_{n}_p95']:>13.0f} {reply_s:>8.1f}")  # fmt: skip
     figures["cycle_s"] = round(cycle_s, 1)
     return figures
 

@@ -32,11 +32,13 @@ API_KEY = "bench"  # the bench's server has no keys configured; the SDK wants on
 
 @dataclass(frozen=True, slots=True)
 class TurnTiming:
-    """One measured turn: ``ttfa_ms``, the player's ``stall_ms`` and the reply's ``audio_s``."""
+    """One measured turn: ``ttfa_ms``, the player's ``stall_ms`` and the reply's ``audio_s``;
+    ``failed``: the response failed (or brought no audio); the timings are then 0 and not counted."""
 
     ttfa_ms: float
     stall_ms: float
     audio_s: float
+    failed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +82,9 @@ async def speak(conn: object, pcm: bytes) -> None:
         await asyncio.sleep(max(0.0, start + (n + 1) * APPEND_MS / 1000 - time.perf_counter()))
 
 
-async def listen(conn: object) -> tuple[float, Player]:
-    """Events until the turn's ``response.done``: the ``speech_stopped`` time and the player."""
+async def listen(conn: object) -> tuple[float | None, Player, str]:
+    """Events until the turn's ``response.done``: the ``speech_stopped`` time, the player and the
+    response's status (``failed`` for a response without ``speech_stopped`` before it or audio)."""
     stopped: float | None = None
     player = Player()
     while True:
@@ -94,12 +97,8 @@ async def listen(conn: object) -> tuple[float, Player]:
         elif kind == "error":
             raise RuntimeError(f"server error: {event['error']}")
         elif kind == "response.done":
-            response = event["response"]
-            if response["status"] not in ("completed", "incomplete"):
-                raise RuntimeError(f"response {response['status']}: {response.get('status_details')}")
-            if stopped is None or player.first_at is None:
-                raise RuntimeError("a response without speech_stopped before it or without audio")
-            return stopped, player
+            status = event["response"]["status"]
+            return stopped, player, status if stopped and player.first_at else "failed"
 
 
 async def conversation(
@@ -116,13 +115,14 @@ async def conversation(
             async with asyncio.timeout(TURN_TIMEOUT_S):
                 listener = asyncio.create_task(listen(conn))
                 await speak(conn, questions[turn % len(questions)])
-                stopped, player = await listener
+                stopped, player, status = await listener
                 await asyncio.sleep(max(0.0, player.ends_at - time.perf_counter()))  # the user listens
-            if turn:  # the first turn warms the session up
-                assert player.first_at is not None
-                out.append(
-                    TurnTiming((player.first_at - stopped) * 1000, player.stall_s * 1000, player.audio_s)
-                )
+            if turn and status in ("completed", "incomplete"):  # the first turn warms the session up
+                assert stopped is not None and player.first_at is not None
+                ttfa_ms = (player.first_at - stopped) * 1000
+                out.append(TurnTiming(ttfa_ms, player.stall_s * 1000, player.audio_s))
+            elif turn:
+                out.append(TurnTiming(0.0, 0.0, 0.0, failed=True))
             await asyncio.sleep(think[turn])
     return out
 

@@ -485,6 +485,7 @@ class _VoiceHandler:
         if previous.turn_detection != self.config.turn_detection:
             self.turn = self._turn_detector(self.config)
             self.speech_item_id = None
+            self.speculation = None  # its pause ids were the old detector's
         await self._send(conn, ev.SessionUpdated(self.session_id, self.expires_at, self.config))
 
     async def _on_append(self, conn: Connection, item: ce.AudioAppend) -> None:

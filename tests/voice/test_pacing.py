@@ -210,3 +210,22 @@ async def test_a_new_turns_first_clause_runs_before_other_replies_continue():
     b_first_clause = chat.log.index(("b", 3))
     assert [c for c, _ in chat.log[first_b : b_first_clause + 1]] == ["b"] * 4  # no step of a between
     assert stage.gate.relaxed_waits >= 1
+
+
+async def test_an_aborted_reply_ends_at_once_while_another_reply_is_urgent():
+    chat = ScriptedChat(words=300, clause=4, step_s=0.004)
+    stage = TransformersLlmStage(chat, 2, workers=2, pacing=PacingPolicy(max_lead_s=100.0, urgent_lead_s=0.5))
+    try:
+        a = asyncio.create_task(consume(stage, "a", PlaybackClock(), clause_s=1.0))  # relaxed after a clause
+        while not any(c == "a" and s >= 8 for c, s in chat.log):
+            await asyncio.sleep(0.005)
+        b = asyncio.create_task(consume(stage, "b", None, clause_s=0.0))  # urgent for ~1.2 s
+        while ("b", 2) not in chat.log:
+            await asyncio.sleep(0.005)
+        stage.abort("r-a")  # a barge-in: a's waiting step must not wait for b
+        await asyncio.wait_for(a, 0.3)
+        assert not b.done()
+        await b
+    finally:
+        stage.close()
+    assert stage.aborts == 1
