@@ -311,7 +311,11 @@ def main(argv: list[str]) -> int:
         f"loaded in {load_s:.1f} s; turn 1 prompt ~{args.turn1_tokens} tokens, turn 2 +{args.turn2_tokens}, "
         f"{args.max_new_tokens} new tokens, greedy, >= {args.replies} replies per phase"
     )
-    results = {n: asyncio.run(measure(chat, n, args)) for n in args.conversations}
+    results: dict[int, dict[str, Phase]] = {}
+    for n in args.conversations:
+        t0 = time.perf_counter()
+        results[n] = asyncio.run(measure(chat, n, args))
+        print(f"  {n} conversations measured in {time.perf_counter() - t0:.1f} s", flush=True)
     _print_table(results)
     figures = figures_of(results) | {
         "device": args.device,
