@@ -9,7 +9,7 @@ while block ``k`` is decoded, so both activation peaks are counted at once.
 The activation figures are upper estimates of the tensors alive at a layer's peak (measured
 against ``torch.cuda.max_memory_allocated`` on the H200 for the Wan-1.3B shape: see
 ``docs/benchmarks.md``), times :data:`ALLOCATOR_MARGIN` for the caching allocator's rounding and
-fragmentation.
+fragmentation, plus :data:`KERNEL_WORKSPACE_BYTES`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from models.world.kv_cache import KVGeometry
 from models.world.vae import CausalDecoder
 
 ALLOCATOR_MARGIN = 1.25
+KERNEL_WORKSPACE_BYTES = 256 * 2**20  # cuDNN convolution and cuBLAS workspaces of one tick
 
 
 def weight_bytes(cfg: WorldModelConfig, dtype: torch.dtype) -> int:
@@ -46,7 +47,8 @@ def dit_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: i
 
 def decoder_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> int:
     """Peak live activations of decoding ``max_batch`` blocks: at the largest upsampling level the
-    upsampled input, the convolution's output and its activation, for every frame of a block."""
+    upsampled input plus three tensors at the level's width (the convolution's output and its
+    activation, or a residual block's input and two intermediates), for every frame of a block."""
     elem = torch.empty((), dtype=dtype).element_size()
     frames = max_batch * cfg.frames_for_block(False)
     ch = cfg.decoder_channels
@@ -54,7 +56,7 @@ def decoder_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batc
     peak = 0
     for level, (c_in, c_out) in enumerate(zip(ch, widths, strict=True)):
         pixels = cfg.latent_height * cfg.latent_width * 4 ** (level + 1)
-        peak = max(peak, pixels * (c_in + 2 * c_out))
+        peak = max(peak, pixels * (c_in + 3 * c_out))
     return frames * peak * elem
 
 
@@ -65,4 +67,4 @@ def fixed_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> in
         + dit_activation_bytes(cfg, dtype, max_batch)
         + decoder_activation_bytes(cfg, dtype, max_batch)
     )
-    return weight_bytes(cfg, dtype) + int(ALLOCATOR_MARGIN * transient)
+    return weight_bytes(cfg, dtype) + KERNEL_WORKSPACE_BYTES + int(ALLOCATOR_MARGIN * transient)
