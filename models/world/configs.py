@@ -86,6 +86,9 @@ class WorldModelConfig:
     def validate(self) -> None:
         if self.latent_height % self.patch or self.latent_width % self.patch:
             raise ValueError("latent height and width must be multiples of patch")
+        if self.latent_channels * self.patch**2 > self.dim:
+            # x0 = x - sigma * proj_out(h): noise outside proj_out's rank-dim span is never removed
+            raise ValueError("latent_channels * patch**2 must be <= dim (the DiT's output rank)")
         if self.dim % self.heads or self.head_dim % 2:
             raise ValueError("dim must split into heads of even head_dim (RoPE)")
         if self.frames_per_block < 1 or self.sink_frames < 0 or self.window_frames < 1:

@@ -44,3 +44,6 @@ def test_float32_is_kept_on_request_and_bad_shapes_fail_before_training(tmp_path
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float32}
     with pytest.raises(ValueError, match="decoder_res_levels"):
         train.main(["--device", "cpu", "--out", str(out), "--decoder-res-levels", "5", *STEPS])
+    # 64 channels x 2x2 patches = 256 outputs per token from TINY's dim 128: the rank check
+    with pytest.raises(ValueError, match="output rank"):
+        train.main(["--device", "cpu", "--out", str(out), "--latent-channels", "64", *STEPS])
