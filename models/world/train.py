@@ -21,8 +21,8 @@ Data: random mazes, themes (the prompt) and per-block actions, rendered into a p
 ``1 + 4(n - 1)`` frames up front. The result is one safetensors file (``dit.*``, ``decoder.*``,
 config in the metadata), float16 by default (``--weights-dtype``; it loads as float32). The shape
 flags (``--latent-channels``, ``--dim``, ``--heads``, ``--depth``, ``--ffn-dim``,
-``--decoder-channels``, ``--decoder-res-levels``) override ``TINY``'s fields. Runs on CPU (tiny and slow: ``--clips 8 --ae-steps 2 --dit-steps 2
---dec-steps 2``) or GPU. At the end it prints the held-out PSNR and sharpness of the decoder
+``--decoder-channels``, ``--decoder-res-levels``) override ``TINY``'s fields. Runs on CPU (tiny
+and slow: ``--clips 8 --ae-steps 2 --dit-steps 2 --dec-steps 2``) or GPU. At the end it prints the held-out PSNR and sharpness of the decoder
 (``models.world.sharpness``), the sharpness of generated frames and the control response.
 Exact command and time of the committed weights: ``weights/README.md``.
 """
