@@ -14,6 +14,12 @@ encode) block k on their own worker threads while block k + 1 denoises.
   cache is this stage's per-slot state, advanced only after a successful forward. Output
   :class:`WorldFrames` (``uint8 [T, H, W, 3]`` on the CPU).
 
+On CUDA the decoder runs on its own stream. Both stages' threads would otherwise queue kernels
+on the one default stream, so the decode of block k (and its device-to-host copy, which waits for
+everything queued before it) would wait for the DiT's forward of block k + 1: the first frame
+came one whole DiT block late. The block stage records an event after each forward
+(``WorldBlock.ready``); the decode stream waits for exactly that event.
+
 Both carry the input's ``extra`` (opaque to the model: the kind's media settings) through.
 """
 
@@ -24,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from models.stage import StageItem
@@ -46,6 +53,7 @@ class WorldBlock:
     forward_ms: float
     batch_size: int
     extra: Any = None
+    ready: torch.cuda.Event | None = None  # CUDA: recorded after the forward that made ``latent``
 
 
 @dataclass(frozen=True)
@@ -103,9 +111,14 @@ class WorldBlockStage:
             if inp.tick.block == 0:
                 self.model.reset(inp.tick.session_id, seed=inp.seed)
         latents = self.model.generate([inp.tick for inp in inputs])
+        ready = None
+        if latents.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
         ms = (time.perf_counter() - t0) * 1000.0
         return [
-            WorldBlock(latents[i], inp.tick.block, ms, len(items), inp.extra) for i, inp in enumerate(inputs)
+            WorldBlock(latents[i], inp.tick.block, ms, len(items), inp.extra, ready)
+            for i, inp in enumerate(inputs)
         ]
 
 
@@ -116,17 +129,32 @@ class WorldDecodeStage:
         self.device = device
         self.slot_capacity = model.pool.slots
         self._states: list[DecoderState | None] = [None] * self.slot_capacity
+        self._stream = torch.cuda.Stream(model.pool.k.device) if model.pool.k.is_cuda else None
 
     def state_bytes(self) -> int:
         return decoder_state_bytes(self.model.cfg, self.model.pool.k.dtype)
 
     def open_state(self, session_id: str, slot: int) -> None:
-        self._states[slot] = self.model.init_decoder_state()
+        if self._stream is None:
+            self._states[slot] = self.model.init_decoder_state()
+            return
+        with torch.cuda.stream(self._stream):  # zero-filled where it is used
+            self._states[slot] = self.model.init_decoder_state()
 
     def release_state(self, session_id: str, slot: int, state: object) -> None:
         self._states[slot] = None
 
     def forward(self, items: Sequence[StageItem]) -> list[WorldFrames]:
+        if self._stream is None:
+            return self._forward(items)
+        with torch.cuda.stream(self._stream):
+            for event in {id(b.ready): b.ready for b in (item.payload for item in items) if b.ready}.values():
+                self._stream.wait_event(event)
+            for item in items:  # made on the DiT's stream, read on this one: keep the allocator honest
+                item.payload.latent.record_stream(self._stream)
+            return self._forward(items)
+
+    def _forward(self, items: Sequence[StageItem]) -> list[WorldFrames]:
         t0 = time.perf_counter()
         blocks: list[WorldBlock] = [item.payload for item in items]
         for item, block in zip(items, blocks, strict=True):
