@@ -52,11 +52,12 @@ async def test_wan_shaped_world_admits_what_its_pool_holds_with_memory_measured(
     monkeypatch.setattr(KVPool, "__init__", tracked_init)
     monkeypatch.setattr(runtime, "available_memory_bytes", free_memory)
     monkeypatch.setattr(WorldModel, "step", lambda self, ticks: [])  # no warm-up forward on meta tensors
+    # max_batch 4: the fixed share of 8 batched Wan ticks is ~87 GiB (models/world/memory.py)
     config = config_from_mapping(
         {"runtime": {"memory_budget_fraction": 0.9},
          "world": {"enabled": True, "model": "wan2.1-1.3b-causal", "device": "meta", "dtype": "bfloat16",
                    "max_batch": 4}}
-    )  # fmt: skip  (max_batch 4: the fixed share of 8 batched Wan ticks is ~81 GiB, models/world/memory.py)
+    )  # fmt: skip
     assert config.runtime.memory_available_bytes is None  # measured, as in production
     service = build_world_service(ServerContext(config, CollectorRegistry(), ConnectionRegistry()))
     service.load(lambda *a: None)
