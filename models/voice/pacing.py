@@ -5,9 +5,9 @@ The client plays a reply in real time, so a reply generated ten times faster tha
 takes CPU from the sessions whose turn just ended. :class:`PlaybackClock` is a response's playback
 position as the server knows it (the kind records the audio it sends; playback is taken to start
 at the first audio and run in real time); its ``lead_s`` is how much sent audio is not played yet.
-:class:`StepGate` admits model steps (one forward each) by urgency: a step is **urgent** while its
-reply has not completed its first clause or its lead is below ``urgent_lead_s`` (playback would
-soon stall); a relaxed step runs only while no urgent step runs or waits. :func:`pace` sleeps a
+:class:`StepGate` admits model steps (one forward each) by urgency: first-clause work first, then
+replies whose lead is below ``urgent_lead_s`` (playback would soon stall), then the rest; a step
+waits while a reply of a more urgent level is generating. ``ReplyPace.wait`` sleeps a
 reply whose lead reached ``max_lead_s`` until it is back under it.
 """
 
@@ -49,7 +49,7 @@ class PlaybackClock:
 @dataclass(frozen=True, slots=True)
 class PacingPolicy:
     """``max_lead_s``: a reply's generation sleeps while its lead is at least this (0: never).
-    ``urgent_lead_s``: below this lead a reply's steps are urgent again (as before its first clause).
+    ``urgent_lead_s``: below this lead a reply's steps go before relaxed replies' (``BEHIND``).
     """
 
     max_lead_s: float = 4.0
@@ -67,13 +67,18 @@ class PacingPolicy:
 DEFAULT_PACING = PacingPolicy()
 
 
+FIRST, BEHIND, RELAXED = 0, 1, 2  # a reply's step levels, most urgent first (ReplyPace.level)
+
+
 class ReplyPace:
     """One reply's pacing state: whether its first clause is out, and its playback clock.
 
-    ``clock`` None (a text-only reply, or one whose audio the caller does not track): every step
-    is urgent and it never sleeps, as without pacing. Once ``stop`` is set (an abort) its steps
-    are urgent too: the step that notices the abort must not wait behind other replies (the
-    session's next turn waits for it to end).
+    Its steps' level (:meth:`level`): ``FIRST`` before its first clause (time-to-first-audio
+    work), ``BEHIND`` while its lead is under ``urgent_lead_s`` (playback would soon stall),
+    ``RELAXED`` otherwise. ``clock`` None (a text-only reply, or one whose audio the caller does
+    not track): always ``FIRST``, and it never sleeps, as without pacing. Once ``stop`` is set (an
+    abort) it is ``FIRST`` too: the step that notices the abort must not wait behind other
+    replies (the session's next turn waits for it to end).
     """
 
     def __init__(
@@ -84,10 +89,10 @@ class ReplyPace:
         self.stop = stop
         self.spoke = False  # the first clause went to the TTS
 
-    def urgent(self) -> bool:
+    def level(self) -> int:
         if self.clock is None or not self.spoke or (self.stop is not None and self.stop.is_set()):
-            return True
-        return self.clock.lead_s() < self.policy.urgent_lead_s
+            return FIRST
+        return BEHIND if self.clock.lead_s() < self.policy.urgent_lead_s else RELAXED
 
     def ahead(self) -> bool:
         """The lead reached ``max_lead_s`` (after the first clause; never when pacing is off)."""
@@ -103,13 +108,13 @@ class ReplyPace:
 
 
 class StepGate:
-    """At most ``permits`` steps at once; relaxed steps only while no reply is urgent.
+    """At most ``permits`` steps at once, and a step only while no reply is at a more urgent level.
 
-    Thread-safe. A reply (anything with ``urgent()``) is registered as urgent or not at each of
-    its ``step`` s and ``update`` s and stays so between them, so an urgent reply holds relaxed
-    ones back across its whole urgent phase, not only during its forwards; ``finish`` forgets it.
-    A waiting relaxed step re-evaluates its urgency every ``RECHECK_S`` (its lead shrinks as its
-    audio plays).
+    Thread-safe. A reply (anything with ``level()``) is registered at its level at each of its
+    ``step`` s and ``update`` s and stays so between them, so a reply in its first clause holds
+    the others' continuations back across its whole first clause, not only during its forwards;
+    ``finish`` forgets it. A waiting step re-evaluates its level every ``RECHECK_S`` (a relaxed
+    reply's lead shrinks as its audio plays).
     """
 
     def __init__(self, permits: int) -> None:
@@ -118,22 +123,22 @@ class StepGate:
         self.permits = permits
         self._cond = threading.Condition()
         self._running = 0
-        self._urgent: set[int] = set()  # id() of the replies urgent at their last step or update
-        self.relaxed_waits = 0  # relaxed steps that waited for urgent replies (metrics, tests)
+        self._levels: dict[int, int] = {}  # id() of each reply -> its level at its last step or update
+        self.yielded = 0  # steps that waited for a more urgent reply (metrics, tests)
 
     @contextlib.contextmanager
     def step(self, reply: ReplyPace) -> Iterator[None]:
-        """One model step of ``reply``: waits for a permit (and, when relaxed, for no urgent reply)."""
+        """One model step of ``reply``: waits for a permit and for no more urgent reply."""
         with self._cond:
             waited = False
             while True:
-                urgent = self._mark(reply)
-                blocked = not urgent and bool(self._urgent)
+                level = self._mark(reply)
+                blocked = any(other < level for other in self._levels.values())
                 if self._running < self.permits and not blocked:
                     break
                 waited = waited or blocked
-                self._cond.wait(None if urgent else RECHECK_S)
-            self.relaxed_waits += waited
+                self._cond.wait(None if level == FIRST else RECHECK_S)
+            self.yielded += waited
             self._running += 1
         try:
             yield
@@ -150,10 +155,9 @@ class StepGate:
 
     def finish(self, reply: ReplyPace) -> None:
         with self._cond:
-            self._urgent.discard(id(reply))
+            self._levels.pop(id(reply), None)
             self._cond.notify_all()
 
-    def _mark(self, reply: ReplyPace) -> bool:
-        urgent = reply.urgent()
-        (self._urgent.add if urgent else self._urgent.discard)(id(reply))
-        return urgent
+    def _mark(self, reply: ReplyPace) -> int:
+        level = self._levels[id(reply)] = reply.level()
+        return level

@@ -309,10 +309,10 @@ class TransformersLlmStage:
     """:class:`LlmStage` over :class:`TransformersChat` (see the module docstring).
 
     Every conversation may hold a generation thread (``slot_capacity`` threads at most); at most
-    ``workers`` of them run a model step (one forward) at once, through a :class:`StepGate`: a
-    reply before its first clause, or whose playback lead (``ChatRequest.playback``) fell below
-    ``pacing.urgent_lead_s``, is urgent, and the other replies' steps wait while urgent ones run
-    or wait; a reply whose lead reached ``pacing.max_lead_s`` sleeps (``models/voice/pacing.py``).
+    ``workers`` of them run a model step (one forward) at once, through a :class:`StepGate`:
+    replies before their first clause go first, then replies whose playback lead
+    (``ChatRequest.playback``) fell below ``pacing.urgent_lead_s``, then the rest; a reply whose
+    lead reached ``pacing.max_lead_s`` sleeps (``models/voice/pacing.py``).
     torch's own thread count is the caller's. ``first_clause_words`` > 0 lets a reply's first
     clause end after that many words (``ClauseSplitter``), so speech starts sooner. A new request
     of a session waits until the session's previous generation (aborted, still finishing its

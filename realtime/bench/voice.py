@@ -167,6 +167,7 @@ async def voice_server(args: argparse.Namespace, **voice: Any) -> AsyncIterator[
                 "enabled": True,
                 "max_sessions": max(args.sessions),
                 "torch_threads": args.threads,
+                **dict(args.set),
                 **voice,
             },
         }
@@ -312,6 +313,17 @@ def print_ratios(figures: dict[str, float]) -> None:
             print(f"8 vs 1 session, {mode}: {eight:.0f} / {one:.0f} ms = {eight / one:.2f}x (goal <= 2)")
 
 
+def voice_setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> ``(KEY, VALUE)``, the value parsed as JSON when it is JSON."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="realtime bench voice",
@@ -336,6 +348,8 @@ def main(argv: list[str]) -> int:
         help="transformers always runs (model time, chunked vs full); vllm adds both modes on that backend",
     )
     p.add_argument("--vllm-eager", action="store_true", help="voice.vllm_enforce_eager (faster start)")
+    p.add_argument("--set", type=voice_setting, action="append", default=[], metavar="KEY=VALUE",
+                   help="a voice.* setting for the bench's servers (VALUE as JSON, else a string); repeatable")  # fmt: skip
     args = p.parse_args(argv)
     if 1 not in args.sessions:
         p.error("--sessions must include 1 (the ratios, the overhead and the load's cycle use it)")
@@ -349,5 +363,16 @@ def main(argv: list[str]) -> int:
     if importlib.util.find_spec("openai") is None:
         p.error("the conversation-load clients are the openai SDK's: pip install 'realtime-sessions[test]'")
     figures = asyncio.run(run(args))
-    print(json.dumps({**figures, "question": args.question, "rounds": args.rounds, "turns": args.turns}))
+    settings = dict(args.set)
+    print(
+        json.dumps(
+            {
+                **figures,
+                "question": args.question,
+                "rounds": args.rounds,
+                "turns": args.turns,
+                "set": settings,
+            }
+        )
+    )
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from models.voice.pacing import PacingPolicy
 from realtime.config import VoiceConfig
 
 
@@ -54,9 +55,12 @@ def llm_stage(c: VoiceConfig, chat: Any) -> Any:
         from models.voice.llm_vllm import VllmLlmStage
 
         return VllmLlmStage(
-            chat, c.max_sessions, chunked=c.chunked_tts, first_clause_words=c.first_clause_words
+            chat,
+            c.max_sessions,
+            chunked=c.chunked_tts,
+            first_clause_words=c.first_clause_words,
+            pacing=PacingPolicy(c.llm_max_lead_s, c.llm_urgent_lead_s),
         )
-    from models.voice.pacing import PacingPolicy
     from models.voice.stages import TransformersLlmStage
 
     return TransformersLlmStage(

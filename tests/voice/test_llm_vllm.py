@@ -332,3 +332,37 @@ async def test_the_voice_service_builds_its_vllm_engine_on_the_load_thread(tiny_
     finally:
         for chat, _ in built:
             chat.shutdown()
+
+
+@needs_vllm
+@session_loop
+async def test_a_paced_reply_ends_its_engine_request_and_continues_it_token_for_token(vllm_chat, monkeypatch):
+    from models.voice.llm_vllm import VllmLlmStage
+    from models.voice.pacing import PacingPolicy, PlaybackClock
+
+    requests = []
+    generate = vllm_chat.generate
+    monkeypatch.setattr(vllm_chat, "generate", lambda p, s, i: requests.append(i) or generate(p, s, i))
+    question = ChatMessage("user", "Tell me a long story about a dragon.")
+
+    async def reply(stage, session: str, clock: PlaybackClock | None) -> tuple[str, int]:
+        stage.open_state(session, 3)
+        text = []
+        async for chunk in stage.stream(
+            _item(session, f"{session}-r", question, max_new_tokens=64, playback=clock)
+        ):
+            text.append(chunk.text)
+            if clock is not None and chunk.clauses:
+                clock.sent(1.0 * len(chunk.clauses))  # the kind's part: each clause is 1 s of audio sent
+        stage.release_state(session, 3, None)
+        return "".join(text), chunk.usage.generated_tokens
+
+    unpaced, tokens = await reply(VllmLlmStage(vllm_chat, 8, first_clause_words=1), "s-unpaced", None)
+    assert len(requests) == 1
+    paced_stage = VllmLlmStage(
+        vllm_chat, 8, first_clause_words=1, pacing=PacingPolicy(max_lead_s=0.5, urgent_lead_s=0.0)
+    )
+    paced, paced_tokens = await reply(paced_stage, "s-paced", PlaybackClock())
+    assert len(requests) > 2  # the reply paused (its first clause alone is 1 s ahead) ...
+    assert (paced, paced_tokens) == (unpaced, tokens)  # ... and continued exactly where it stopped
+    assert await _unfinished_drops_to_zero(vllm_chat) == 0

@@ -14,7 +14,7 @@ import pytest
 
 from models.stage import StageItem
 from models.voice.llm import ChatMessage, ChatUsage
-from models.voice.pacing import PacingPolicy, PlaybackClock, ReplyPace, StepGate
+from models.voice.pacing import BEHIND, FIRST, RELAXED, PacingPolicy, PlaybackClock, ReplyPace, StepGate
 from models.voice.stages import ChatRequest, TransformersLlmStage
 
 
@@ -47,9 +47,9 @@ def test_a_reply_sleeps_while_its_lead_is_at_the_maximum_and_not_before_its_firs
     start = time.monotonic()
     pace.wait(threading.Event())
     assert time.monotonic() - start < 0.05  # no clause out yet: time-to-first-audio work never waits
-    assert pace.urgent()
+    assert pace.level() == FIRST
     pace.spoke = True
-    assert not pace.urgent()  # ~0.5 s of lead: above urgent_lead_s
+    assert pace.level() == RELAXED  # ~0.5 s of lead: above urgent_lead_s
     pace.wait(threading.Event())
     assert clock.lead_s() < 0.2 and time.monotonic() - start >= 0.25
     stop = threading.Event()
@@ -61,20 +61,21 @@ def test_a_reply_sleeps_while_its_lead_is_at_the_maximum_and_not_before_its_firs
 
 
 class Reply:
-    def __init__(self, urgent: bool) -> None:
-        self.is_urgent = urgent
+    def __init__(self, level: int) -> None:
+        self.at = level
 
-    def urgent(self) -> bool:
-        return self.is_urgent
+    def level(self) -> int:
+        return self.at
 
 
-def test_a_relaxed_step_waits_while_a_reply_is_urgent_even_between_its_steps():
+@pytest.mark.parametrize("later", [BEHIND, RELAXED])
+def test_a_continuation_waits_while_a_reply_is_in_its_first_clause_even_between_its_steps(later):
     gate = StepGate(permits=2)
     order: list[str] = []
     urgent_in = threading.Event()
     release = threading.Event()
 
-    first = Reply(urgent=True)
+    first = Reply(FIRST)
 
     def urgent() -> None:
         with gate.step(first):
@@ -85,7 +86,7 @@ def test_a_relaxed_step_waits_while_a_reply_is_urgent_even_between_its_steps():
         gate.finish(first)
 
     def relaxed() -> None:
-        with gate.step(Reply(urgent=False)):
+        with gate.step(Reply(later)):
             order.append("relaxed")
 
     threads = [threading.Thread(target=urgent)]
@@ -98,16 +99,16 @@ def test_a_relaxed_step_waits_while_a_reply_is_urgent_even_between_its_steps():
     for t in threads:
         t.join(5)
     assert order == ["urgent step", "urgent done", "relaxed"]
-    assert gate.relaxed_waits == 1
+    assert gate.yielded == 1
 
 
-def test_a_waiting_relaxed_step_runs_once_its_lead_falls_below_the_urgent_mark():
+def test_a_waiting_relaxed_step_runs_beside_a_behind_one_once_its_own_lead_falls():
     gate = StepGate(permits=2)
     release, ran = threading.Event(), threading.Event()
-    falling = Reply(urgent=False)
+    falling = Reply(RELAXED)
 
     def urgent() -> None:
-        with gate.step(Reply(urgent=True)):
+        with gate.step(Reply(BEHIND)):
             release.wait(5)
 
     def relaxed() -> None:
@@ -119,7 +120,7 @@ def test_a_waiting_relaxed_step_runs_once_its_lead_falls_below_the_urgent_mark()
     time.sleep(0.05)
     b.start()
     assert not ran.wait(0.15)
-    falling.is_urgent = True  # its playback is about to stall: it is urgent now
+    falling.at = BEHIND  # its playback is about to stall: it is urgent now
     assert ran.wait(1.0)
     release.set()
     a.join(5)
@@ -209,7 +210,7 @@ async def test_a_new_turns_first_clause_runs_before_other_replies_continue():
     first_b = chat.log.index(("b", 0))
     b_first_clause = chat.log.index(("b", 3))
     assert [c for c, _ in chat.log[first_b : b_first_clause + 1]] == ["b"] * 4  # no step of a between
-    assert stage.gate.relaxed_waits >= 1
+    assert stage.gate.yielded >= 1
 
 
 async def test_an_aborted_reply_ends_at_once_while_another_reply_is_urgent():
