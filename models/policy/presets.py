@@ -160,7 +160,9 @@ def detect(observation: Mapping[str, Any]) -> Preset:
 
 @dataclass(frozen=True)
 class Canonical:
-    """A robot observation in model terms: one HWC uint8 image (or None) per camera slot."""
+    """A robot observation in model terms: one HWC uint8 image (or None) per camera slot, the
+    float32 state vector. Images, and the state of a one-key preset, may be read-only views of
+    the decoded wire arrays: copy before writing."""
 
     images: tuple[np.ndarray | None, ...]
     state: np.ndarray
@@ -170,11 +172,14 @@ class Canonical:
 def _image(key: str, value: Any) -> np.ndarray:
     if not isinstance(value, np.ndarray):
         raise ObservationError(f"camera {key!r} must be an ndarray, got {type(value).__name__}")
-    if value.ndim != 3 or (value.shape[-1] != 3 and value.shape[0] != 3):
-        raise ObservationError(f"camera {key!r} must be HxWx3 or 3xHxW, got shape {list(value.shape)}")
-    if value.shape[-1] != 3:
+    shape = value.shape
+    if len(shape) != 3 or (shape[2] != 3 and shape[0] != 3):
+        raise ObservationError(f"camera {key!r} must be HxWx3 or 3xHxW, got shape {list(shape)}")
+    if shape[2] == 3:
+        height, width = shape[0], shape[1]
+    else:
         value = value.transpose(1, 2, 0)
-    height, width = value.shape[:2]
+        height, width = shape[1], shape[2]
     if not (0 < height <= MAX_IMAGE_SIDE and 0 < width <= MAX_IMAGE_SIDE):
         raise ObservationError(
             f"camera {key!r} sides must be in 1..{MAX_IMAGE_SIDE}, got shape {list(value.shape)}"
@@ -232,7 +237,7 @@ def _state(preset: Preset, observation: Mapping[str, Any]) -> np.ndarray:
         if value.dtype.kind == "f" and not _LARGEST(np.abs(value), axis=None) <= _FLOAT32_MAX:
             raise ObservationError(f"state {spec.key!r} must be finite float32 values, got NaN or infinity")
         parts.append(value.astype(np.float32, copy=False).reshape(-1))
-    return np.concatenate(parts)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)  # one key: no copy
 
 
 def _text_array(prompt: np.ndarray, max_chars: int) -> str:
