@@ -206,7 +206,8 @@ class CausalDiT(nn.Module):
     def compile_blocks(self) -> None:
         """``torch.compile`` every block (fuses the norms, modulation, RoPE and GELU around the
         matmuls; -9 % DiT time at the Wan-1.3B shape on the H200). Shapes are static: each batch
-        size and pass variant compiles once, so callers warm every batch size up at load."""
+        size, pass variant and key length compiles once (a window that is still filling is a new
+        key length per block: see ``world.compile`` in ``docs/configuration.md``)."""
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         for i, blk in enumerate(self.blocks):
             self.blocks[i] = torch.compile(blk, dynamic=False)
