@@ -74,7 +74,9 @@ class ReplyPace:
     """One reply's pacing state: whether its first clause is out, and its playback clock.
 
     Its steps' level (:meth:`level`): ``FIRST`` before its first clause (time-to-first-audio
-    work), ``BEHIND`` while its lead is under ``urgent_lead_s`` (playback would soon stall),
+    work) and while its playback is stalled (the sent audio has played out: the listener hears
+    the same silence as before a first clause, so a stalled reply does not wait behind new
+    turns), ``BEHIND`` while its lead is under ``urgent_lead_s`` (playback would soon stall),
     ``RELAXED`` otherwise. ``clock`` None (a text-only reply, or one whose audio the caller does
     not track): always ``FIRST``, and it never sleeps, as without pacing. Once ``stop`` is set (an
     abort) it is ``FIRST`` too: the step that notices the abort must not wait behind other
@@ -92,7 +94,10 @@ class ReplyPace:
     def level(self) -> int:
         if self.clock is None or not self.spoke or (self.stop is not None and self.stop.is_set()):
             return FIRST
-        return BEHIND if self.clock.lead_s() < self.policy.urgent_lead_s else RELAXED
+        lead = self.clock.lead_s()
+        if lead <= 0.0:  # playback caught up: the user hears silence, as before a first clause
+            return FIRST
+        return BEHIND if lead < self.policy.urgent_lead_s else RELAXED
 
     def ahead(self) -> bool:
         """The lead reached ``max_lead_s`` (after the first clause; never when pacing is off)."""

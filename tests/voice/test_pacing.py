@@ -60,6 +60,19 @@ def test_a_reply_sleeps_while_its_lead_is_at_the_maximum_and_not_before_its_firs
     assert time.monotonic() - start < 0.05
 
 
+def test_a_stalled_reply_ranks_with_first_clauses_and_a_nearly_stalled_one_behind_them():
+    t = FakeTime()
+    clock = PlaybackClock(t)
+    pace = ReplyPace(PacingPolicy(max_lead_s=4.0, urgent_lead_s=1.0), clock)
+    pace.spoke = True
+    clock.sent(3.0)
+    assert pace.level() == RELAXED
+    t.now += 2.5  # 0.5 s left to play
+    assert pace.level() == BEHIND
+    t.now += 1.0  # played out: the listener hears silence
+    assert pace.level() == FIRST
+
+
 class Reply:
     def __init__(self, level: int) -> None:
         self.at = level
