@@ -26,7 +26,9 @@ Importing this module never needs vLLM; building :class:`VllmChat` without it ra
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import gc
 import itertools
 import re
 import uuid
@@ -119,6 +121,7 @@ class VllmChat:
                 disable_log_stats=True,
             )
         )
+        atexit.register(self.shutdown)  # before interpreter teardown, whoever forgot to call it
         self.device = current_platform.device_type
         model = self.engine.model_config
         parallel = self.engine.vllm_config.parallel_config
@@ -163,7 +166,13 @@ class VllmChat:
         return self.engine.generate(self._vllm.TokensPrompt(prompt_token_ids=prompt), params, request_id)
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        """Stop the engine and let it go now: ``AsyncLLM.__del__`` shuts down again, and when it
+        first runs at interpreter exit (module globals already gone) it prints a traceback."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.shutdown()
+            del engine
+            gc.collect()
 
 
 class VllmLlmStage:
