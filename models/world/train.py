@@ -24,7 +24,10 @@ flags (``--latent-channels``, ``--dim``, ``--heads``, ``--depth``, ``--ffn-dim``
 ``--decoder-channels``, ``--decoder-res-levels``) override ``TINY``'s fields. Runs on CPU (tiny
 and slow: ``--clips 8 --ae-steps 2 --dit-steps 2 --dec-steps 2``) or GPU. At the end it prints the held-out PSNR and sharpness of the decoder
 (``models.world.sharpness``), the sharpness of generated frames and the control response.
-Exact command and time of the committed weights: ``weights/README.md``.
+Stage 1 alone can run in one process and stages 2-3 in another: ``--autoencoder-only
+--save-autoencoder AE.safetensors`` then ``--autoencoder AE.safetensors`` (the encoder, which the
+model file does not keep, travels in that file). Exact command and time of the committed
+weights: ``weights/README.md``.
 """
 
 from __future__ import annotations
@@ -40,11 +43,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.world.configs import TINY, WEIGHTS_DIR, WorldModelConfig, save_model_weights
+from models.world.configs import (
+    TINY,
+    WEIGHTS_DIR,
+    WorldModelConfig,
+    load_model_weights,
+    read_config,
+    save_model_weights,
+)
 from models.world.dit import CausalDiT, block_causal_mask
 from models.world.env import THEMES, MazeEnv, horizontal_shift, rollout
 from models.world.model import WorldModel, WorldTick, tokenize
-from models.world.sharpness import frame_stats, generated_frames, psnr
+from models.world.sharpness import frame_stats, generated_frames, psnr, side_by_side
 from models.world.vae import CausalDecoder
 
 # per-block action menu: (probability, [forward, back, left, right, mouse_dx, mouse_dy])
@@ -116,7 +126,8 @@ class GroupEncoder(nn.Module):
         first = frames[:, :1].expand(b, self.tf, c, h, w)
         groups = torch.cat([first, frames[:, 1:]], 1).view(b, -1, self.tf * c, h, w)
         n = groups.shape[1]
-        return self.net(groups.flatten(0, 1)).view(b, n, -1, h // self.factor, w // self.factor)
+        x = groups.flatten(0, 1).contiguous(memory_format=torch.channels_last)
+        return self.net(x).reshape(b, n, -1, h // self.factor, w // self.factor)
 
 
 def train_mask(cfg: WorldModelConfig, n: int, device) -> Tensor:
@@ -241,7 +252,8 @@ def train_dit(cfg, latents: Tensor, data, args, g) -> CausalDiT:
         ).clamp(min=0.02)
         sig = sig_block.repeat_interleave(cfg.frames_per_block, 1)
         noisy = (1 - sig[..., None, None, None]) * z + sig[..., None, None, None] * torch.randn_like(z)
-        clean = z + 0.03 * torch.rand(b, 1, 1, 1, 1, device=args.device) * torch.randn_like(z)
+        noise = args.context_noise * torch.rand(b, 1, 1, 1, 1, device=args.device)
+        clean = z + noise * torch.randn_like(z)
         with torch.autocast(args.device_type, dtype=torch.bfloat16, enabled=args.amp):
             x0 = tf(clean, noisy, sig, acts, themes)
         loss = F.mse_loss(x0.float(), z)
@@ -330,21 +342,53 @@ def train_decoder_on_samples(cfg, dit, dec, latents, data, args, g) -> CausalDec
 @torch.no_grad()
 def heldout_report(cfg, enc, dit, dec, args) -> dict[str, float]:
     """PSNR and sharpness (``models.world.sharpness``) on held-out clips: the autoencoder's
-    reconstruction and the decode of the sampler's teacher-forced x0, against the true frames."""
+    reconstruction and (with a ``dit``) the decode of the sampler's teacher-forced x0, against the
+    true frames. With ``args.png``, a sheet of the first held-out clip (rows: truth, recon, sampled)."""
     data = make_dataset(cfg, args.heldout, args.latents, args.device, args.seed + 1)
     frames = data[0].float() / 255.0
     z = encode_dataset(cfg, enc, dec, data, args.device)
-    tf = _TeacherForced(cfg, dit, z.shape[1], args.device)
-    recon, _ = dec(z, dec.init_state(z.shape[0]))
-    sampled, _ = dec(tf.sample(z, data[1], data[2]), dec.init_state(z.shape[0]))
+    outputs = {"recon": dec(z, dec.init_state(z.shape[0]))[0]}
+    if dit is not None:
+        tf = _TeacherForced(cfg, dit, z.shape[1], args.device)
+        outputs["sampled"] = dec(tf.sample(z, data[1], data[2]), dec.init_state(z.shape[0]))[0]
     size = cfg.frame_width
     report = {f"truth_{k}": v for k, v in frame_stats(frames.flatten(0, 1).cpu(), size).items()}
-    for name, out in (("recon", recon), ("sampled", sampled)):
+    for name, out in outputs.items():
         report[f"{name}_psnr"] = psnr(out.float(), frames)
         report.update(
             {f"{name}_{k}": v for k, v in frame_stats(out.float().flatten(0, 1).cpu(), size).items()}
         )
+    if args.png:
+        rows = [[x[0].float().cpu()] for x in (frames, *outputs.values())]
+        side_by_side(rows, args.png, 2 * size, every=4)
     return {k: round(v, 5) for k, v in report.items()}
+
+
+AUTOENCODER_FIELDS = (
+    "latent_channels", "latent_height", "latent_width", "decoder_channels", "decoder_res_levels",
+    "temporal_factor",
+)  # fmt: skip
+
+
+def save_autoencoder(path: Path, cfg: WorldModelConfig, enc: GroupEncoder, dec: CausalDecoder) -> None:
+    """Stage 1's result (encoder, decoder, fitted latent statistics; float32) for a later
+    ``--autoencoder`` run: the encoder is needed to train a DiT and is not in the model file."""
+    tensors = {f"encoder.{k}": v.float().cpu() for k, v in enc.state_dict().items()}
+    tensors.update({f"decoder.{k}": v.float().cpu() for k, v in dec.state_dict().items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_model_weights(path, cfg, tensors)
+
+
+def load_autoencoder(path: Path, cfg: WorldModelConfig, device: str) -> tuple[GroupEncoder, CausalDecoder]:
+    """The encoder and decoder :func:`save_autoencoder` wrote; their shape fields must match ``cfg``."""
+    saved = read_config(path)
+    wrong = [k for k in AUTOENCODER_FIELDS if getattr(saved, k) != getattr(cfg, k)]
+    if wrong:
+        raise SystemExit(f"{path}: autoencoder shape differs from the flags in {', '.join(wrong)}")
+    enc, dec = GroupEncoder(cfg), CausalDecoder(cfg)
+    load_model_weights(enc, path, "encoder.")
+    load_model_weights(dec, path, "decoder.")
+    return enc.to(device), dec.to(device)
 
 
 CONTROL_PROBES = {
@@ -426,6 +470,17 @@ def main(argv: list[str] | None = None) -> int:
         default="float16",
         help="stored dtype (loads as float32)",
     )
+    p.add_argument(
+        "--context-noise",
+        type=float,
+        default=0.03,
+        help="stage 2: the clean past gets noise of a std drawn from [0, this) per clip "
+        "(robustness to the model's own x0 as context at inference)",
+    )
+    p.add_argument("--save-autoencoder", type=Path, help="also write stage 1's encoder + decoder here")
+    p.add_argument("--autoencoder", type=Path, help="skip stage 1: load a --save-autoencoder file")
+    p.add_argument("--autoencoder-only", action="store_true", help="stop after stage 1 and its report")
+    p.add_argument("--png", type=Path, help="sheet of a held-out clip: truth, reconstruction, sampled")
     p.add_argument("--heldout", type=int, default=64, help="held-out clips of the final report")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -439,7 +494,15 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     data = make_dataset(cfg, args.clips, args.latents, args.device, args.seed)
     print(f"dataset: {tuple(data[0].shape)} in {time.time() - t_start:.0f}s", flush=True)
-    enc, dec = train_autoencoder(cfg, data, args, g)
+    if args.autoencoder:
+        enc, dec = load_autoencoder(args.autoencoder, cfg, args.device)
+    else:
+        enc, dec = train_autoencoder(cfg, data, args, g)
+    if args.save_autoencoder:
+        save_autoencoder(args.save_autoencoder, cfg, enc, dec)
+    if args.autoencoder_only:
+        print("held-out:", json.dumps(heldout_report(cfg, enc, None, dec, args)), flush=True)
+        return 0
     latents = encode_dataset(cfg, enc, dec, data, args.device)
     dit = train_dit(cfg, latents, data, args, g)
     dec = train_decoder_on_samples(cfg, dit, dec, latents, data, args, g)

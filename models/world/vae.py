@@ -113,8 +113,8 @@ class CausalDecoder(nn.Module):
         x, c2 = self.conv_mid(F.silu(x), state.caches[2])
         t = x.shape[2]
         y = F.silu(x).permute(0, 2, 1, 3, 4).reshape(b * t, -1, h, w)
-        if y.device.type == "cpu":  # channels-last: CPU convs at the full-resolution levels run faster
-            y = y.contiguous(memory_format=torch.channels_last)
+        # channels-last: the per-frame convs run faster in it, on CPU and on cuDNN's tensor cores
+        y = y.contiguous(memory_format=torch.channels_last)
         for i, conv in enumerate(self.ups):
             y = F.silu(conv(F.interpolate(y, scale_factor=2.0, mode="nearest")))
             if i < len(self.res):

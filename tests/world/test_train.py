@@ -47,3 +47,27 @@ def test_float32_is_kept_on_request_and_bad_shapes_fail_before_training(tmp_path
     # 64 channels x 2x2 patches = 256 outputs per token from TINY's dim 128: the rank check
     with pytest.raises(ValueError, match="output rank"):
         train.main(["--device", "cpu", "--out", str(out), "--latent-channels", "64", *STEPS])
+
+
+def test_autoencoder_saved_by_one_run_is_loaded_by_the_next_which_skips_stage_1(tmp_path, capsys):
+    ae, out, png = tmp_path / "ae.safetensors", tmp_path / "w.safetensors", tmp_path / "sheet.png"
+    base = ["--device", "cpu", "--out", str(out), *SHAPE, *STEPS]
+    assert train.main([*base, "--autoencoder-only", "--save-autoencoder", str(ae), "--png", str(png)]) == 0
+    assert not out.exists() and png.stat().st_size > 0  # stage 1 only: no model file
+    first = capsys.readouterr().out
+    held = json.loads(
+        next(line for line in first.splitlines() if line.startswith("held-out:")).split(":", 1)[1]
+    )
+    assert "sampled_psnr" not in held and held["recon_psnr"] > 0
+    # no stage 3 either, so the final report's decoder is the loaded one
+    assert train.main([*base, "--autoencoder", str(ae), "--dec-steps", "0"]) == 0
+    second = capsys.readouterr().out
+    assert "ae done" not in second and "dit done" in second and out.exists()
+    # the held-out data are seeded: the loaded autoencoder reconstructs exactly as the saved one
+    held2 = json.loads(
+        next(line for line in second.splitlines() if line.startswith("held-out:")).split(":", 1)[1]
+    )
+    assert held2["recon_psnr"] == held["recon_psnr"]
+    # a loaded autoencoder must have the shape the flags ask for
+    with pytest.raises(SystemExit, match="latent_channels"):
+        train.main([*base[:4], *SHAPE[2:], "--latent-channels", "8", *STEPS, "--autoencoder", str(ae)])
