@@ -18,9 +18,13 @@ SMALL_RUN = ["--shape", "tiny", "--conversations", "1", "2", "--replies", "2"]
 SMALL_RUN += ["--turn1-tokens", "60", "--turn2-tokens", "16", "--max-new-tokens", "8"]
 
 
-def run_bench(capsys, *extra: str) -> dict:
+def bench_lines(capsys, *extra: str) -> list[str]:
     assert run_scenario("llm", [*SMALL_RUN, *extra]) == 0
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return capsys.readouterr().out.strip().splitlines()
+
+
+def run_bench(capsys, *extra: str) -> dict:
+    return json.loads(bench_lines(capsys, *extra)[-1])
 
 
 def test_bench_llm_reports_ttft_itl_and_the_resident_kv_ratio(capsys):
@@ -43,6 +47,39 @@ def test_bench_llm_reports_ttft_itl_and_the_resident_kv_ratio(capsys):
     assert figures["cached_tokens_reprefill"] == 0
     assert figures["device"] == "cpu" and figures["dtype"] == "float32"
     assert figures["shape"]["hidden_size"] == 128 and figures["shape"]["num_key_value_heads"] == 2
+    # every figure says what it is from: 2 replies per phase (2 rounds of 1, 1 round of 2), none cut
+    for n, rounds in ((1, 2), (2, 1)):
+        assert figures[f"replies_{n}"] == {"turn1": 2, "resident": 2, "reprefill": 2}
+        assert figures[f"cut_replies_{n}"] == {"turn1": 0, "resident": 0, "reprefill": 0}
+        assert figures[f"rounds_{n}"] == rounds and figures[f"workers_{n}"] == n
+        assert all(s > 0 for s in figures[f"wall_s_{n}"].values())
+    assert figures["build_s"] > 0 and figures["elapsed_s"] < figures["seconds"]
+
+
+def test_a_spent_budget_cuts_the_running_replies_and_still_reports(capsys):
+    # ~1500-token replies (seconds each) against a 4 s budget: every phase ends at its deadline
+    figures = run_bench(capsys, "--seconds", "4", "--max-new-tokens", "1500", "--workers", "1")
+    assert figures["elapsed_s"] < 4 + 2  # the cut replies' last forwards and the report
+    measured = [n for n in (1, 2) if figures[f"replies_{n}"] is not None]
+    assert measured and measured[0] == 1
+    for n in measured:
+        assert (
+            figures[f"cut_replies_{n}"]
+            == figures[f"replies_{n}"]
+            == {k: n for k in ("turn1", "resident", "reprefill")}
+        )
+        assert figures[f"rounds_{n}"] == 1 and figures[f"workers_{n}"] == 1
+    assert 0 <= figures["generated_tokens_min"] <= figures["generated_tokens_max"] < 1500
+
+
+def test_a_count_that_starts_with_the_budget_spent_is_skipped_with_null_figures(capsys):
+    lines = bench_lines(capsys, "--seconds", "0.01")
+    figures = json.loads(lines[-1])
+    assert sum("skipped: the --seconds budget was spent" in line for line in lines) == 2
+    for n in (1, 2):
+        assert figures[f"ttft_ms_{n}"] is None and figures[f"replies_{n}"] is None
+    assert figures["resident_vs_reprefill_ttft_ratio"] is None
+    assert figures["generated_tokens_min"] is None and figures["replies_per_phase"] == {"1": None, "2": None}
 
 
 def two_turns(chat: TransformersChat) -> tuple[list[str], int]:
