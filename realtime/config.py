@@ -155,6 +155,7 @@ class WorldConfig:
     pacing_margin_s: NonNegativeFloat = 0.04
     pacing_window: PositiveInt = 8
     jpeg_quality: JpegQuality = 85
+    encode_threads: Annotated[int, _in_range(1, 64)] = 4  # media encode pool (MediaEncodeStage)
     max_message_bytes: PositiveInt = 65536
     compute_admission: bool = True
     compute_utilisation: Fraction = 0.8

@@ -19,7 +19,10 @@ Contract:
   (fresh buffers: the slots' frames, then ``room`` rows the forward writes its own tokens' K/V
   into, so attention reads one buffer and nothing is concatenated per pass) and a key mask
   ``[B, R*T]`` of the frames visible to a block starting at ``block_start`` (per session), or
-  ``None`` when all of them are (the steady state once the window is full).
+  ``None`` when all of them are (the steady state once the window is full). The key length is
+  always the whole sink + window, however full it is, so a compiled forward sees one shape; the
+  one exception is a batch where no session sees any frame (every session's first block): past
+  ``None`` then, and the block attends to itself alone instead of to a window of masked keys.
 - ``commit(sessions, block_start, kv)`` writes a block's clean-pass K/V (the only writer).
 - denoise passes never write: the pool is read-only until ``commit``.
 """
@@ -69,6 +72,11 @@ class KVGeometry:
     @property
     def resident_frames(self) -> int:
         return self.sink_frames + self.window_frames
+
+    @property
+    def steady_block(self) -> int:
+        """The first block that sees a full sink + window (every resident frame visible)."""
+        return -(-self.resident_frames // self.frames_per_block)
 
     @property
     def bytes_per_frame(self) -> int:
@@ -170,15 +178,18 @@ class KVPool:
 
     def gather(
         self, sessions: Sequence[str], block_starts: Sequence[int], room: int = 0
-    ) -> tuple[list[KV], Tensor | None]:
+    ) -> tuple[list[KV] | None, Tensor | None]:
         """Past K/V per layer ``[B, R*T + room, H, D]`` and the visible-key mask ``[B, R*T]``
-        (``None`` when every key is visible: decided on the host, no device sync)."""
+        (``None`` when every key is visible: decided on the host, no device sync); ``(None,
+        None)`` when no key is visible to any session."""
         g = self.geometry
         ids = self.slot_ids(sessions)
         slots = torch.tensor(ids, dtype=torch.long)
         pos = self.frame_pos[slots]  # [B, R]
         start = torch.tensor(block_starts, dtype=torch.long)[:, None]
         visible = (pos >= 0) & (pos < start) & ((pos < g.sink_frames) | (pos >= start - g.window_frames))
+        if not bool(visible.any()):
+            return None, None
         mask = (
             None
             if bool(visible.all())

@@ -189,9 +189,11 @@ class WorldModel:
 
     @torch.no_grad()
     def decode_blocks(
-        self, latents: Tensor, states: Sequence[DecoderState]
+        self, latents: Tensor, states: Sequence[DecoderState], host: bool = True
     ) -> tuple[list[Tensor], list[DecoderState]]:
-        """Pure: frames ``uint8 [T, H, W, 3]`` (CPU) of each block and each decoder state after it.
+        """Pure: frames ``uint8 [T, H, W, 3]`` of each block and each decoder state after it; on
+        the CPU, or with ``host=False`` left on the model's device (the decoder stage copies them
+        itself, into pinned memory without a wait per session).
 
         Sessions batch by phase (a first block decodes to fewer frames). Nothing is stored: the
         caller owns the decoder states (``step`` keeps them per session; the decoder stage per slot).
@@ -204,7 +206,8 @@ class WorldModel:
                 continue
             frames, state = self.decoder(latents[group], stack_states([states[i] for i in group]))
             for j, (i, st) in enumerate(zip(group, split_state(state, len(group)), strict=True)):
-                out[i] = (frames[j] * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu()
+                pixels = (frames[j] * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
+                out[i] = pixels.cpu() if host else pixels
                 after[i] = st
         return out, after  # type: ignore[return-value]
 

@@ -21,6 +21,14 @@ came one whole DiT block late. The block stage records an event after each forwa
 (``WorldBlock.ready``); the decode stream waits for exactly that event.
 
 Both carry the input's ``extra`` (opaque to the model: the kind's media settings) through.
+
+Stage timing (:class:`BlockTimings`, always on): the block stage marks the start and end of each
+DiT forward of its batch (the denoise passes, then the clean pass) with CUDA events on CUDA and
+host clocks on the CPU; the decode stage marks its decoder forward and its device-to-host copy
+the same way and reads every mark only after the copy's wait, the one point where this path
+already waits for the GPU (the DiT's marks precede the ``ready`` event the decode stream waited
+for), so timing adds no synchronisation. The frames land in pinned host memory, copied without a
+wait per session.
 """
 
 from __future__ import annotations
@@ -38,6 +46,37 @@ from models.world.controls import KEYS_TRACK, MOUSE_TRACK, action_vector
 from models.world.model import WorldModel, WorldTick
 from models.world.vae import DecoderState, decoder_state_bytes
 
+Mark = torch.cuda.Event | float  # a recorded CUDA event, or a time.perf_counter() on the CPU
+
+
+def _mark(cuda: bool) -> Mark:
+    """A point in the current stream's work (CUDA event) or now (host clock)."""
+    if not cuda:
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _ms(start: Mark, end: Mark) -> float:
+    """Milliseconds between two marks; CUDA marks must have completed (no wait here)."""
+    if isinstance(start, float):
+        return (end - start) * 1000.0  # type: ignore[operator]
+    return float(start.elapsed_time(end))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class BlockTimings:
+    """Where one block's time went inside the model stages (device time on CUDA, host time on
+    the CPU). ``started_at`` is ``time.monotonic()`` when the block stage's forward began, i.e.
+    when the engine picked the batch: the kind measures the queue wait up to it."""
+
+    started_at: float
+    denoise_ms: float  # the staged denoise passes (with the re-noising between them)
+    clean_ms: float  # the committing clean pass
+    decode_ms: float  # the VAE decoder forward (with the uint8 conversion)
+    d2h_ms: float  # the frames' copy to host memory
+
 
 @dataclass(frozen=True)
 class WorldBlockInput:
@@ -54,6 +93,8 @@ class WorldBlock:
     batch_size: int
     extra: Any = None
     ready: torch.cuda.Event | None = None  # CUDA: recorded after the forward that made ``latent``
+    started_at: float = 0.0  # time.monotonic() when the forward began
+    passes: tuple[Mark, ...] = ()  # (start, end) of each DiT forward: denoise passes, then clean
 
 
 @dataclass(frozen=True)
@@ -61,9 +102,10 @@ class WorldFrames:
     frames: Tensor  # uint8 [T, H, W, 3], CPU
     block: int
     forward_ms: float  # the DiT forward of this block
-    decode_ms: float
+    decode_ms: float  # the decode stage's forward, host wall time
     batch_size: int
     extra: Any = None
+    timings: BlockTimings | None = None
 
 
 def world_input(snapshot: Any) -> WorldBlockInput:
@@ -105,19 +147,31 @@ class WorldBlockStage:
         self.model.release(session_id)
 
     def forward(self, items: Sequence[StageItem]) -> list[WorldBlock]:
-        t0 = time.perf_counter()
+        started_at, t0 = time.monotonic(), time.perf_counter()
         inputs: list[WorldBlockInput] = [item.payload for item in items]
         for inp in inputs:
             if inp.tick.block == 0:
                 self.model.reset(inp.tick.session_id, seed=inp.seed)
-        latents = self.model.generate([inp.tick for inp in inputs])
+        cuda = self.model.pool.k.is_cuda
+        marks: list[Mark] = []
+        dit = self.model.dit
+        hooks = (
+            dit.register_forward_pre_hook(lambda *_: marks.append(_mark(cuda))),
+            dit.register_forward_hook(lambda *_: marks.append(_mark(cuda))),
+        )
+        try:
+            latents = self.model.generate([inp.tick for inp in inputs])
+        finally:
+            for hook in hooks:
+                hook.remove()
         ready = None
         if latents.is_cuda:
             ready = torch.cuda.Event()
             ready.record()
         ms = (time.perf_counter() - t0) * 1000.0
+        passes = tuple(marks)
         return [
-            WorldBlock(latents[i], inp.tick.block, ms, len(items), inp.extra, ready)
+            WorldBlock(latents[i], inp.tick.block, ms, len(items), inp.extra, ready, started_at, passes)
             for i, inp in enumerate(inputs)
         ]
 
@@ -156,6 +210,8 @@ class WorldDecodeStage:
 
     def _forward(self, items: Sequence[StageItem]) -> list[WorldFrames]:
         t0 = time.perf_counter()
+        cuda = self._stream is not None
+        start = _mark(cuda)  # on CUDA after the wait for the DiT: the decoder's own time
         blocks: list[WorldBlock] = [item.payload for item in items]
         for item, block in zip(items, blocks, strict=True):
             if block.block == 0:  # a fresh world: a fresh temporal cache
@@ -164,11 +220,37 @@ class WorldDecodeStage:
         latents = blocks[0].latent.new_empty((len(blocks), *blocks[0].latent.shape))
         for i, block in enumerate(blocks):
             latents[i] = block.latent
-        frames, after = self.model.decode_blocks(latents, states)
+        frames, after = self.model.decode_blocks(latents, states, host=False)
+        decoded = _mark(cuda)
+        frames = [_to_host(f) for f in frames]
+        copied = _mark(cuda)
+        if isinstance(copied, torch.cuda.Event):
+            copied.synchronize()  # the frames must be on the host: the wait this stage always had
         for item, state in zip(items, after, strict=True):  # commit: the forward succeeded
             self._states[item.slot] = state
         ms = (time.perf_counter() - t0) * 1000.0
+        decode_ms, d2h_ms = _ms(start, decoded), _ms(decoded, copied)
         return [
-            WorldFrames(f, b.block, b.forward_ms, ms, b.batch_size, b.extra)
+            WorldFrames(f, b.block, b.forward_ms, ms, b.batch_size, b.extra, _timings(b, decode_ms, d2h_ms))
             for f, b in zip(frames, blocks, strict=True)
         ]
+
+
+def _to_host(frames: Tensor) -> Tensor:
+    """Contiguous host frames; from CUDA a copy into pinned memory that does not wait."""
+    if not frames.is_cuda:
+        return frames.contiguous()
+    host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
+    return host.copy_(frames, non_blocking=True)
+
+
+def _timings(block: WorldBlock, decode_ms: float, d2h_ms: float) -> BlockTimings | None:
+    """The block's stage times, once its marks have completed; ``None`` without the DiT's marks
+    (a block made outside :class:`WorldBlockStage`)."""
+    marks = block.passes
+    if len(marks) < 4:
+        return None
+    # marks: start, end of each DiT forward; the last forward is the clean pass
+    return BlockTimings(
+        block.started_at, _ms(marks[0], marks[-3]), _ms(marks[-2], marks[-1]), decode_ms, d2h_ms
+    )

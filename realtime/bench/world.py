@@ -31,7 +31,10 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    (counted by ``torch.utils.flop_counter`` on one steady-state block) x blocks per second of one
    session / the device's dense bf16 peak (``--peak-tflops``, 989 for an H200). Its JSON keys:
    ``fps_1``, ``ttff_ms``, ``aggregate_ratio_4`` (aggregate fps at 4 sessions / fps at 1, batched),
-   ``mfu``, ``e2e_fps`` (per mode and ``n``).
+   ``mfu``, ``e2e_fps`` (per mode and ``n``), ``stage_ms`` (per mode and ``n``: where a chunk's
+   time went, stage by stage, from the server's ``world_stage_seconds`` histogram scraped before
+   and after each run, ``realtime.bench.world_stages``: ``p50`` and ``max`` of the later blocks,
+   ``first_block`` the mean of the run's first blocks, ``n`` the later blocks counted).
 
 Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``,
 ``pipeline_overlap_ratio``, ``continuous_play_ratio``, ``key_to_frame_ms_p50``,
@@ -64,6 +67,7 @@ from models.world.configs import CONFIGS
 from models.world.model import WorldModel, WorldTick, tokenize
 from models.world.sampler import BlockRequest, recompute_generate
 from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
+from realtime.bench import world_stages
 from realtime.kinds.world import resolve_model
 from realtime.kinds.world_pacing import PlaybackPacer
 from realtime.media.stage import MediaEncodeStage, MediaSettings
@@ -391,9 +395,8 @@ def _dit_flops_per_block(args) -> tuple[float, int]:
     model = _build(args, 1)
     act = torch.zeros(model.cfg.action_dim)
     model.open("probe", seed=0)
-    steady = -(-(model.cfg.sink_frames + model.cfg.window_frames) // model.cfg.frames_per_block) + 1
     with torch.no_grad():
-        for _ in range(steady):  # fill the window: steady-state attention cost
+        for _ in range(model.pool.geometry.steady_block):  # fill the window: steady-state attention cost
             model.generate([WorldTick("probe", model.next_block("probe"), "stone", act)])
         with FlopCounterMode(display=False) as counter:
             model.generate([WorldTick("probe", model.next_block("probe"), "stone", act)])
@@ -408,20 +411,28 @@ def e2e_section(args) -> dict[str, object]:
     """Section 6: end to end through ``realtime serve`` (see the module docstring)."""
     flops, video_frames_per_block = _dit_flops_per_block(args)
     figures: dict[str, dict[str, float]] = {"batched": {}, "sliced": {}}
+    stage_ms: dict[str, dict[str, world_stages.Breakdown]] = {"batched": {}, "sliced": {}}
     ttff: list[float] = []
     print(
         f"end to end through realtime serve, {args.model} on {args.device} ({args.dtype}), fast pacing, JPEG"
     )
-    print(f"{'sessions':>8} {'batched fps':>12} {'sliced fps':>11}   (aggregate; per session = / sessions)")
     counts = [str(n) for n in args.e2e_sessions]
     for mode, max_batch in (("batched", max(args.e2e_sessions)), ("sliced", 1)):
-        with world_server(args, max_batch=max_batch, compute_admission=False, compile=args.compile) as url:
+        served = {"max_batch": max_batch, "compute_admission": False, "compile": args.compile}
+        if args.encode_threads is not None:
+            served["encode_threads"] = args.encode_threads
+        with world_server(args, **served) as url:
+            http = url.replace("ws://", "http://", 1)
             asyncio.run(_e2e_run(url, 1, args.fps, 0.0, 1.0))  # warm the server (first-use allocations)
             for n in args.e2e_sessions:
+                before = world_stages.scrape(http)
                 runs = asyncio.run(_e2e_run(url, n, args.fps, args.e2e_warmup_s, args.e2e_seconds))
                 figures[mode][str(n)] = round(sum(r.frames for r in runs) / args.e2e_seconds, 2)
+                stage_ms[mode][str(n)] = world_stages.breakdown(before, world_stages.scrape(http))
+                print(world_stages.format_breakdown(f"{mode}, {n} sessions", stage_ms[mode][str(n)]))
                 if mode == "batched" and n == 1:
                     ttff.extend(r.ttff_s for r in runs)
+    print(f"{'sessions':>8} {'batched fps':>12} {'sliced fps':>11}   (aggregate; per session = / sessions)")
     for n in counts:
         print(f"{n:>8} {figures['batched'][n]:>12.1f} {figures['sliced'][n]:>11.1f}")
     fps_1 = figures["batched"]["1"]
@@ -435,6 +446,7 @@ def e2e_section(args) -> dict[str, object]:
         "mfu": round(mfu, 3),
         "dit_tflop_per_block": round(flops / 1e12, 2),
         "e2e_fps": figures,
+        "stage_ms": stage_ms,
     }
 
 
@@ -473,6 +485,9 @@ def main(argv: list[str]) -> int:
         help="section 6: session counts (1 first)",
     )
     p.add_argument("--compile", action="store_true", help="section 6: the served world.compile")
+    p.add_argument(
+        "--encode-threads", type=int, help="section 6: the served world.encode_threads (default: its default)"
+    )
     p.add_argument("--peak-tflops", type=float, default=989.0, help="section 6: dense bf16 peak (H200: 989)")
     args = p.parse_args(argv)
     if args.key_to_frame_only:

@@ -49,6 +49,7 @@ from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
 from realtime.kinds.world_pacing import PlaybackPacer
+from realtime.kinds.world_timing import StageTimer
 from realtime.media.stage import EncodedMedia, MediaEncodeStage, MediaSettings
 from realtime.protocols import world as proto
 from sessions.capacity import CapacityPlan, MemoryDeclaration, paced_capacity, with_compute_limit
@@ -104,6 +105,7 @@ class WorldService(KindServiceBase):
             buckets=(0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0),
             registry=ctx.registry,
         )
+        self.stages = StageTimer(ctx.registry)
 
     @property
     def engine(self) -> StageEngine | None:
@@ -177,7 +179,7 @@ class WorldService(KindServiceBase):
         stages = (
             WorldBlockStage(model, device=wc.device),
             WorldDecodeStage(model, device=wc.device),
-            MediaEncodeStage(model.pool.slots),
+            MediaEncodeStage(model.pool.slots, threads=wc.encode_threads),
         )
         declared = stage_declaration(*stages).per_session_bytes
         assert declared == plan.per_session_bytes, (
@@ -210,10 +212,16 @@ class WorldService(KindServiceBase):
 
 
 def measure_step_seconds(model: WorldModel, max_batch: int, reps: int = 2) -> dict[int, float]:
-    """Seconds of one steady-state block step (DiT + decode) at batch 1, 2, 4, ... up to
-    ``max_batch`` (and the pool's slots): the compute side of admission. Warms the model up too."""
+    """Seconds of one steady-state block step (DiT + decode, the window full) at batch 1, 2, 4,
+    ... up to ``max_batch`` (and the pool's slots): the compute side of admission.
+
+    Each probe runs from block 0 until its window is full, so it also warms up every shape a
+    session meets (no past, a window filling under a mask, the full window without one), at
+    batch 1 and at a batch of 2 or more: with ``world.compile`` these are all the graphs there
+    are (``CausalDiT.compile_blocks``), so no session compiles in service."""
     sizes = sorted({min(b, max_batch, model.pool.slots) for b in (1, 2, 4, 8, 16, 32, 64, max_batch)})
     action = torch.zeros(model.cfg.action_dim)
+    steady = model.pool.geometry.steady_block
     seconds: dict[int, float] = {}
     for b in sizes:
         ids = [f"probe-{i}" for i in range(b)]
@@ -221,11 +229,11 @@ def measure_step_seconds(model: WorldModel, max_batch: int, reps: int = 2) -> di
             model.open(sid, seed=0)
         try:
             times = []
-            for block in range(1 + reps):  # block 0 is shorter and warms up; time the later ones
+            for block in range(steady + reps):
                 t0 = time.perf_counter()
                 model.step([WorldTick(sid, block, None, action) for sid in ids])
                 times.append(time.perf_counter() - t0)
-            seconds[b] = min(times[1:])
+            seconds[b] = min(times[steady:])
         finally:
             for sid in ids:
                 model.release(sid)
@@ -254,6 +262,16 @@ class _TickDone:
     lead_ms: float | None  # the lead the pacer aimed for then
 
 
+@dataclass
+class _ChunkMedia:
+    """A chunk's encoded media as :func:`_media` found it (written once there, on the loop), for
+    the runner's stage timing once the chunk is sent; ``media`` stays ``None`` if it never was."""
+
+    first: bool  # the session's chunk 0
+    media: EncodedMedia | None = None
+    ready_at: float = 0.0  # time.monotonic() when the media was encoded
+
+
 @dataclass(frozen=True)
 class _Sent:
     """A chunk left the writer (or was dropped): the generate-ahead credit comes back."""
@@ -263,6 +281,7 @@ class _Sent:
     started: float
     at: float  # time.monotonic() when the writer was done with it
     event_at: float | None  # when the oldest event it applied was accepted (event to chunk)
+    chunk: _ChunkMedia
 
 
 class _Wake:
@@ -483,15 +502,23 @@ class _WorldHandler:
             self.accepted_at.pop(i) for i in result.metadata.applied_event_ids if i in self.accepted_at
         ]
         oldest = min(applied, default=None)
-        sent = functools.partial(self._post_sent, conn, done.generation, frames, done.started, oldest)
-        await conn.outbound.send_later(_media(result.value.tail, meta), epoch=done.generation, on_done=sent)
+        chunk = _ChunkMedia(first=result.metadata.chunk_index == 0)
+        sent = functools.partial(self._post_sent, conn, done.generation, frames, done.started, oldest, chunk)
+        await conn.outbound.send_later(
+            _media(result.value.tail, meta, chunk), epoch=done.generation, on_done=sent
+        )
 
     @staticmethod
     def _post_sent(
-        conn: Connection, generation: int, frames: int, started: float, event_at: float | None
+        conn: Connection,
+        generation: int,
+        frames: int,
+        started: float,
+        event_at: float | None,
+        chunk: _ChunkMedia,
     ) -> None:
         """The writer's ``on_done``: only a message to the runner (it owns every counter)."""
-        conn.post(_Sent(generation, frames, started, time.monotonic(), event_at))
+        conn.post(_Sent(generation, frames, started, time.monotonic(), event_at, chunk))
 
     def _sent(self, conn: Connection, item: _Sent) -> None:
         self.unsent -= 1
@@ -499,6 +526,9 @@ class _WorldHandler:
             self.pacer.sent(item.frames, item.at, item.at - item.started)  # type: ignore[union-attr]
             if item.event_at is not None:
                 self.service.event_to_chunk.observe(item.at - item.event_at)
+            chunk = item.chunk
+            if chunk.media is not None:
+                self.service.stages.observe(chunk.media, chunk.first, item.started, chunk.ready_at, item.at)
 
     def _chunk_metadata(self, result: TickOutput[PipelineResult], done: _TickDone) -> dict[str, Any]:
         start, cfg = self.start, self.service.model.cfg  # type: ignore[union-attr]
@@ -531,12 +561,13 @@ class _WorldHandler:
         return proto.render_error(code, message, event_id)
 
 
-async def _media(tail: asyncio.Future, meta: dict[str, Any]) -> tuple[str | bytes, ...]:
+async def _media(tail: asyncio.Future, meta: dict[str, Any], chunk: _ChunkMedia) -> tuple[str | bytes, ...]:
     """The chunk's frames once the pipeline encoded them: metadata text, then the media bytes."""
     try:
         media: EncodedMedia = await tail
     except SessionError:
         return ()  # superseded (reset, close, release): never shown
+    chunk.media, chunk.ready_at = media, time.monotonic()
     meta = {**meta, "byte_length": len(media.data), "init_segment_bytes": media.init_bytes}
     meta["timing"] = {**meta["timing"], "decode_ms": media.decode_ms, "encode_ms": media.encode_ms}
     return proto.render_chunk_metadata(meta), media.data

@@ -33,6 +33,21 @@ def _rgb_frame(rgb: np.ndarray) -> av.VideoFrame:
 
 def encode_jpeg_batch(frames: np.ndarray, quality: int = 85) -> bytes:
     """JPEG-encode ``uint8 [T, H, W, 3]`` frames into one length-prefixed batch."""
+    return pack_jpeg_batch(encode_jpegs(frames, quality))
+
+
+def pack_jpeg_batch(images: list[bytes]) -> bytes:
+    """JPEG images -> one length-prefixed batch (the inverse of :func:`split_jpeg_batch`)."""
+    out = [struct.pack("<I", len(images))]
+    for data in images:
+        out.append(struct.pack("<I", len(data)))
+        out.append(data)
+    return b"".join(out)
+
+
+def encode_jpegs(frames: np.ndarray, quality: int = 85) -> list[bytes]:
+    """JPEG images of ``uint8 [T, H, W, 3]`` frames; FFmpeg releases the GIL while it encodes,
+    so several calls on threads run in parallel (``MediaEncodeStage``)."""
     ctx = av.CodecContext.create("mjpeg", "w")
     ctx.width, ctx.height = frames.shape[2], frames.shape[1]
     ctx.pix_fmt = "yuvj420p"
@@ -40,14 +55,11 @@ def encode_jpeg_batch(frames: np.ndarray, quality: int = 85) -> bytes:
     # FFmpeg's mjpeg quality scale: qscale 2 (best) .. 31 (worst)
     ctx.options = {"qmin": "1", "qmax": "31"}
     ctx.qscale = max(2, min(31, round(31 - (quality / 100) * 29)))
-    out = [struct.pack("<I", len(frames))]
+    images = []
     for rgb in frames:
         frame = _rgb_frame(rgb).reformat(format="yuvj420p")
-        packets = ctx.encode(frame)
-        data = b"".join(bytes(p) for p in packets)
-        out.append(struct.pack("<I", len(data)))
-        out.append(data)
-    return b"".join(out)
+        images.append(b"".join(bytes(p) for p in ctx.encode(frame)))
+    return images
 
 
 def split_jpeg_batch(payload: bytes) -> list[bytes]:

@@ -6,14 +6,25 @@ from __future__ import annotations
 import json
 
 from realtime.bench import world
+from realtime.kinds.world_timing import STAGES
 
 
-def test_e2e_section_reports_fps_ttff_aggregate_and_mfu(capsys):
+def test_e2e_section_reports_fps_ttff_aggregate_mfu_and_stage_breakdown(capsys):
     argv = ["--e2e", "--model", "world-test", "--e2e-seconds", "0.5", "--e2e-warmup-s", "0.2"]
     assert world.main(argv) == 0
-    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = json.loads(out[-1])
     assert figures["fps_1"] > 0 and figures["ttff_ms"] > 0
     assert figures["dit_tflop_per_block"] >= 0 and 0 <= figures["mfu"] < 1
     assert set(figures["e2e_fps"]) == {"batched", "sliced"}
     assert all(figures["e2e_fps"][mode]["8"] > 0 for mode in ("batched", "sliced"))  # 8 sessions served
     assert figures["aggregate_ratio_4"] == round(figures["e2e_fps"]["batched"]["4"] / figures["fps_1"], 3)
+    # the per-stage breakdown scraped from the server's /metrics, for every mode and session count
+    for mode in ("batched", "sliced"):
+        for n in ("1", "2", "4", "8"):
+            stages = figures["stage_ms"][mode][n]
+            assert stages["n"] > 0 and stages["n_first"] == int(n), (mode, n)  # each run's sessions
+            for stage in STAGES:
+                assert stages["p50"][stage] is not None and stages["max"][stage] >= stages["p50"][stage]
+                assert stages["first_block"][stage] is not None
+    assert any(line.strip().startswith("denoise") for line in out)  # the printed breakdown

@@ -1,0 +1,67 @@
+"""Where a world chunk's time goes, stage by stage: ``world_stage_seconds{stage, block}`` (issue 16).
+
+One Prometheus histogram on the server's ``/metrics``, always on. Per chunk sent, one observation
+for each stage (``block``: ``first`` for a session's chunk 0, the time-to-first-frame path, else
+``later``):
+
+- ``queue``: the tick being due (the handler started it: pacing and the generate-ahead credit
+  allowed it) -> the DiT engine starting the forward of the batch that holds it;
+- ``denoise``, ``clean``: the DiT's staged denoise passes and its committing clean pass (device
+  time on CUDA, from events read where the decode stage already waits for the GPU);
+- ``decode``, ``d2h``: the VAE decoder forward and the frames' copy to host memory (the same);
+- ``encode``: the media encode stage's forward for the batch that held the block;
+- ``send``: the encoded media ready -> the writer done with it (its queue behind earlier chunks
+  and the websocket send);
+- ``total``: due -> sent. What the stages above do not cover (the hand-offs between pipeline
+  stages, the wait for the next free encode or decode forward) is ``total`` minus their sum.
+
+``models.world.stage.BlockTimings`` carries the model stages' figures through the pipeline;
+``realtime bench world --e2e`` scrapes this histogram per session count (``stage_ms``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Histogram
+
+from realtime.media.stage import EncodedMedia
+
+METRIC = "world_stage_seconds"
+STAGES = ("queue", "denoise", "clean", "decode", "d2h", "encode", "send", "total")
+# ~1.25x apart from 1 ms to 30 s: a bench reads p50 and max from the buckets of one run
+BUCKETS_MS = (
+    1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, 120, 150, 200, 250, 300, 400,
+    500, 600, 800, 1000, 1200, 1500, 2000, 2500, 3000, 4000, 5000, 6000, 8000, 10000, 15000, 30000,
+)  # fmt: skip
+
+
+class StageTimer:
+    """The world kind's stage histogram; ``observe`` runs on the event loop (a handler's runner)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.histogram = Histogram(
+            METRIC,
+            "world chunk time by pipeline stage (docs/benchmarks.md, issue 16)",
+            ["stage", "block"],
+            buckets=tuple(ms / 1000 for ms in BUCKETS_MS),
+            registry=registry,
+        )
+
+    def observe(self, media: EncodedMedia, first: bool, due: float, ready_at: float, sent_at: float) -> None:
+        """One sent chunk: ``due`` / ``ready_at`` / ``sent_at`` are ``time.monotonic()`` values of
+        the tick starting, the media being encoded and the writer being done with it."""
+        t = media.timings
+        if t is None:  # media made outside the model stages: nothing to attribute
+            return
+        block = "first" if first else "later"
+        seconds = {
+            "queue": max(0.0, t.started_at - due),
+            "denoise": t.denoise_ms / 1000,
+            "clean": t.clean_ms / 1000,
+            "decode": t.decode_ms / 1000,
+            "d2h": t.d2h_ms / 1000,
+            "encode": media.encode_ms / 1000,
+            "send": max(0.0, sent_at - ready_at),
+            "total": max(0.0, sent_at - due),
+        }
+        for stage in STAGES:
+            self.histogram.labels(stage, block).observe(seconds[stage])
