@@ -33,12 +33,14 @@ is from (``replies_N``, ``cut_replies_N``).
 
 Greedy, ``--max-new-tokens`` per reply. **TTFT**: from handing the request to the stage to the
 first text chunk it yields (on the event loop, as the kind sees it); **ITL**: the gaps between a
-reply's consecutive text chunks; **tokens/s**: a phase's generated tokens over its wall time.
+reply's consecutive text chunks as they reach the loop (p50, p95, and their mean: the decode pace,
+which chunks queued behind a busy event loop and then read in a burst do not shrink as they do the
+p50); **tokens/s**: a phase's generated tokens over its wall time.
 The headline TTFT, ITL and tokens/s are turn 2 resident (the kind's steady state); the ratio is
 resident / re-prefill turn-2 TTFT (p50) at the smallest ``n``, and per ``n`` beside it.
 
 Last line, one JSON object: ``ttft_ms_N``, ``ttft_p95_ms_N``, ``itl_ms_N``, ``itl_p95_ms_N``,
-``tokens_per_s_N`` for each ``n`` (``ttft_ms_1``, ``ttft_ms_8``, ``ttft_ms_32``, ...),
+``itl_mean_ms_N``, ``tokens_per_s_N`` for each ``n`` (``ttft_ms_1``, ``ttft_ms_8``, ``ttft_ms_32``, ...),
 ``ttft_reprefill_ms_N``, ``ttft_turn1_ms_N``, ``resident_vs_reprefill_ttft_ratio``, the token
 counts, per ``n`` the replies, cut replies, rounds, workers and wall seconds of each phase, the
 build and load seconds, ``device``, ``dtype`` and the model shape. A figure with no reply behind
@@ -97,6 +99,11 @@ class Phase:
 
     def itl_ms(self, q: float) -> float | None:
         return _ms([g for r in self.replies for g in r.gaps_s], q)
+
+    def itl_mean_ms(self) -> float | None:
+        """The decode pace: every gap's mean (robust to chunks arriving in bursts)."""
+        gaps = [g for r in self.replies for g in r.gaps_s]
+        return sum(gaps) / len(gaps) * 1000 if gaps else None
 
     def tokens_per_s(self) -> float:
         return sum(r.generated_tokens for r in self.replies) / self.wall_s
@@ -330,7 +337,8 @@ def _median(values: Sequence[int]) -> int | None:
 def count_figures(n: int, m: Measured | None) -> dict[str, Any]:
     """The JSON figures of one conversation count (all null for a count the budget skipped)."""
     if m is None:
-        keys = ("ttft_ms", "ttft_p95_ms", "itl_ms", "itl_p95_ms", "tokens_per_s", "ttft_reprefill_ms")
+        keys = ("ttft_ms", "ttft_p95_ms", "itl_ms", "itl_p95_ms", "itl_mean_ms", "tokens_per_s")
+        keys += ("ttft_reprefill_ms",)
         keys += ("ttft_turn1_ms", "replies", "cut_replies", "rounds", "workers", "wall_s")
         return {f"{k}_{n}": None for k in keys}
     p = m.phases
@@ -340,6 +348,7 @@ def count_figures(n: int, m: Measured | None) -> dict[str, Any]:
         f"ttft_p95_ms_{n}": _round(resident.ttft_ms(95)),
         f"itl_ms_{n}": _round(resident.itl_ms(50)),
         f"itl_p95_ms_{n}": _round(resident.itl_ms(95)),
+        f"itl_mean_ms_{n}": _round(resident.itl_mean_ms()),
         f"tokens_per_s_{n}": round(resident.tokens_per_s(), 1),
         f"ttft_reprefill_ms_{n}": _round(p["reprefill"].ttft_ms(50)),
         f"ttft_turn1_ms_{n}": _round(p["turn1"].ttft_ms(50)),
@@ -385,7 +394,7 @@ def _f(value: float | None, width: int) -> str:
 def _print_table(results: dict[int, Measured | None]) -> None:
     print(
         f"{'convs':>5} | {'TTFT p50/p95 ms: turn 1':>24} {'turn 2 resident':>17} {'re-prefill':>17} "
-        f"{'ratio':>6} | {'ITL p50/p95 ms':>15} | {'tokens/s':>8} | replies t1/res/pre (cut)"
+        f"{'ratio':>6} | {'ITL p50/p95/mean ms':>22} | {'tokens/s':>8} | replies t1/res/pre (cut)"
     )
     for n, m in results.items():
         if m is None:
@@ -399,7 +408,8 @@ def _print_table(results: dict[int, Measured | None]) -> None:
             f"{n:>5} | {_f(t1.ttft_ms(50), 13)} / {_f(t1.ttft_ms(95), 8)} "
             f"{_f(res.ttft_ms(50), 8)} / {_f(res.ttft_ms(95), 6)} {_f(pre.ttft_ms(50), 8)} / "
             f"{_f(pre.ttft_ms(95), 6)} {'-' if ratio is None else f'{ratio:.2f}':>6} | "
-            f"{_f(res.itl_ms(50), 6)} / {_f(res.itl_ms(95), 6)} | {res.tokens_per_s():>8.1f} | "
+            f"{_f(res.itl_ms(50), 6)} / {_f(res.itl_ms(95), 6)} / {_f(res.itl_mean_ms(), 6)} | "
+            f"{res.tokens_per_s():>8.1f} | "
             f"{counts} ({cuts})"
         )
 

@@ -12,6 +12,7 @@ import torch
 from models.voice.llm import ChatMessage, TransformersChat, render_chat
 from models.voice.random_chat_model import TINY, build_random_chat_model
 from realtime.bench import run_scenario
+from realtime.bench.llm import Phase, Reply
 from tests.voice.tiny_chat_model import build_tiny_chat_model
 
 SMALL_RUN = ["--shape", "tiny", "--conversations", "1", "2", "--replies", "2"]
@@ -32,6 +33,7 @@ def test_bench_llm_reports_ttft_itl_and_the_resident_kv_ratio(capsys):
     for n in (1, 2):
         assert figures[f"ttft_ms_{n}"] > 0 and figures[f"ttft_reprefill_ms_{n}"] > 0
         assert 0 < figures[f"itl_ms_{n}"] <= figures[f"itl_p95_ms_{n}"]
+        assert figures[f"itl_mean_ms_{n}"] > 0
         assert figures[f"tokens_per_s_{n}"] > 0
     assert (
         figures["resident_vs_reprefill_ttft_ratio"]
@@ -54,6 +56,19 @@ def test_bench_llm_reports_ttft_itl_and_the_resident_kv_ratio(capsys):
         assert figures[f"rounds_{n}"] == rounds and figures[f"workers_{n}"] == n
         assert all(s > 0 for s in figures[f"wall_s_{n}"].values())
     assert figures["build_s"] > 0 and figures["elapsed_s"] < figures["seconds"]
+
+
+def test_phase_figures_leave_out_what_a_cut_reply_lacks_and_the_mean_gap_is_the_pace():
+    # a reply read in a burst (three chunks at once after a 30 ms stall), and one cut before its
+    # first chunk: no TTFT, no gaps, its 2 generated tokens still count
+    burst = Reply(0.010, (0.0, 0.0, 0.0, 0.030), "abcde", 20, 0, 5, cut=False)
+    cut = Reply(None, (), "", 20, 0, 2, cut=True)
+    phase = Phase((burst, cut), wall_s=0.5)
+    assert phase.ttft_ms(50) == pytest.approx(10.0) and phase.cut() == 1
+    assert phase.itl_ms(50) == 0.0 and phase.itl_mean_ms() == pytest.approx(7.5)
+    assert phase.tokens_per_s() == pytest.approx(14.0)
+    nothing = Phase((cut,), wall_s=0.5)
+    assert nothing.ttft_ms(50) is None and nothing.itl_ms(95) is None and nothing.itl_mean_ms() is None
 
 
 def test_a_spent_budget_cuts_the_running_replies_and_still_reports(capsys):
