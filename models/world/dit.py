@@ -78,12 +78,13 @@ def apply_rope(x: Tensor, angles: tuple[Tensor, Tensor]) -> Tensor:
     return torch.addcmul(x * cos, torch.cat([x[..., half:], x[..., :half]], dim=-1), sin)
 
 
-def _mark_batch(*tensors: Tensor | None) -> None:
-    """Dimension 0 of each tensor is the batch: dynamic for a compiled block (one graph for every
-    batch size >= 2; a hint only, so eager forwards are unaffected)."""
+def _mark_dynamic(dims: tuple[int, ...], *tensors: Tensor | None) -> None:
+    """Mark ``dims`` of each tensor dynamic for a compiled block (the batch from 2 on, the key
+    length): one graph for all their sizes. A hint only: eager forwards are unaffected."""
     for t in tensors:
         if t is not None:
-            torch._dynamo.maybe_mark_dynamic(t, 0)
+            for dim in dims:
+                torch._dynamo.maybe_mark_dynamic(t, dim)
 
 
 def timestep_embedding(sigma: Tensor, dim: int) -> Tensor:
@@ -211,24 +212,25 @@ class CausalDiT(nn.Module):
         self.norm_out = nn.LayerNorm(cfg.dim, elementwise_affine=False, eps=1e-6)
         self.mod_out = nn.Linear(cfg.dim, 2 * cfg.dim)
         self.proj_out = nn.Linear(cfg.dim, patch_dim)
-        self.batch_dynamic = False  # compiled blocks: mark the batch dimension of their inputs dynamic
+        self.compiled = False  # compiled blocks: mark their inputs' batch and key-length dimensions dynamic
 
     def compile_blocks(self, backend: str | Callable = "inductor") -> None:
         """``torch.compile`` every block (fuses the norms, modulation, RoPE and GELU around the
         matmuls; -9 % DiT time at the Wan-1.3B shape on the H200); the blocks share their graphs.
 
-        Shapes are static but for the batch: batch 1 has graphs of its own, every batch of 2 or
-        more shares one whose batch dimension is dynamic (``forward`` marks it). The key length
-        never changes (``KVPool.gather`` pads the past to the whole sink + window under a mask),
-        so there are six graphs: {batch 1, batch >= 2} x {no past (first blocks), a filling
-        window (masked), the full window (no mask)}. The world kind's load-time warm-up
-        (``measure_step_seconds``) meets all six, so a session never compiles while it is served.
-        ``backend``: ``torch.compile``'s (tests count compilations with a counting backend).
+        Shapes are static but for the batch and the key length. Batch 1 has graphs of its own,
+        every batch of 2 or more shares one whose batch dimension is dynamic; the past's length
+        (``KVPool.gather``: the frames a window holds so far, the whole sink + window once it is
+        full) is dynamic in all of them (``forward`` marks both). So there are five graphs: batch
+        1 x {no past (a first block), past}, batch >= 2 x {no past, past, past under a mask (a
+        batch mixing phases)}. The world kind's load-time warm-up (``measure_step_seconds``)
+        meets all five, so a session never compiles while it is served. ``backend``:
+        ``torch.compile``'s (tests count compilations with a counting backend).
         """
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         for i, blk in enumerate(self.blocks):
             self.blocks[i] = torch.compile(blk, dynamic=False, backend=backend)
-        self.batch_dynamic = True
+        self.compiled = True
 
     def cross_kv(self, tokens: Tensor) -> list[KV]:
         """Per-layer cross-attention K/V for prompt token ids ``[B, text_len]``."""
@@ -273,14 +275,16 @@ class CausalDiT(nn.Module):
         cond = self.time_embed(timestep_embedding(sigma, 256)) + self.action_embed(actions)  # [B, F, D]
         positions = frame_pos.repeat_interleave(tpf, dim=1)
         angles = rope_angles(positions, self.cfg.head_dim, self.cfg.rope_theta, tokens.dtype)
-        mark = self.batch_dynamic and b > 1
-        if mark:
-            _mark_batch(cond, *angles, mask)
+        batch = (0,) if b > 1 else ()
+        if self.compiled:
+            _mark_dynamic(batch, cond, *angles)
+            _mark_dynamic((*batch, 3), mask)
         new_kv: list[KV] = []
         for i, blk in enumerate(self.blocks):
             layer_past = None if past is None else past[i]
-            if mark:
-                _mark_batch(tokens, *cross_kv[i], *(layer_past or ()))
+            if self.compiled:
+                _mark_dynamic(batch, tokens, *cross_kv[i])
+                _mark_dynamic((*batch, 1), *(layer_past or ()))
             tokens, kv = blk(tokens, cond, angles, mask, cross_kv[i], layer_past)
             new_kv.append(kv)
         shift, scale = self.mod_out(F.silu(cond))[:, :, None, :].chunk(2, dim=-1)

@@ -19,10 +19,14 @@ Contract:
   (fresh buffers: the slots' frames, then ``room`` rows the forward writes its own tokens' K/V
   into, so attention reads one buffer and nothing is concatenated per pass) and a key mask
   ``[B, R*T]`` of the frames visible to a block starting at ``block_start`` (per session), or
-  ``None`` when all of them are (the steady state once the window is full). The key length is
-  always the whole sink + window, however full it is, so a compiled forward sees one shape; the
-  one exception is a batch where no session sees any frame (every session's first block): past
-  ``None`` then, and the block attends to itself alone instead of to a window of masked keys.
+  ``None`` when all of them are. ``R`` is the shortest prefix of frame slots that holds every
+  frame visible to the batch: a window still filling is a prefix of the slots (frame ``f`` sits
+  in slot ``f`` until the ring wraps), so a session whose window fills attends to its frames
+  alone, without a mask (the fastest attention kernels), the whole sink + window once it is full
+  (the steady state), and a batch that mixes phases gathers the longest prefix, masked. When no
+  session sees any frame (every session's first block) the past is ``None``: the block attends
+  to itself alone. ``R`` varies while windows fill: a compiled DiT marks the key length dynamic
+  (``CausalDiT.compile_blocks``).
 - ``commit(sessions, block_start, kv)`` writes a block's clean-pass K/V (the only writer).
 - denoise passes never write: the pool is read-only until ``commit``.
 """
@@ -179,30 +183,33 @@ class KVPool:
     def gather(
         self, sessions: Sequence[str], block_starts: Sequence[int], room: int = 0
     ) -> tuple[list[KV] | None, Tensor | None]:
-        """Past K/V per layer ``[B, R*T + room, H, D]`` and the visible-key mask ``[B, R*T]``
-        (``None`` when every key is visible: decided on the host, no device sync); ``(None,
-        None)`` when no key is visible to any session."""
+        """Past K/V per layer ``[B, L*T + room, H, D]`` and the visible-key mask ``[B, L*T]``
+        (``None`` when every gathered key is visible), where ``L`` is the shortest prefix of
+        frame slots that holds every frame visible to the batch; ``(None, None)`` when no frame
+        is visible to any session. Decided on the host: no device sync."""
         g = self.geometry
         ids = self.slot_ids(sessions)
         slots = torch.tensor(ids, dtype=torch.long)
         pos = self.frame_pos[slots]  # [B, R]
         start = torch.tensor(block_starts, dtype=torch.long)[:, None]
         visible = (pos >= 0) & (pos < start) & ((pos < g.sink_frames) | (pos >= start - g.window_frames))
-        if not bool(visible.any()):
+        seen = visible.any(0).nonzero()
+        if not len(seen):
             return None, None
+        visible = visible[:, : int(seen[-1]) + 1]  # a filling window is a prefix of the slots
         mask = (
             None
             if bool(visible.all())
             else visible.repeat_interleave(g.tokens_per_frame, dim=1).to(self.k.device)
         )
-        resident = self.k.shape[2]
+        length = visible.shape[1] * g.tokens_per_frame
         past = []
         for layer in range(g.layers):
-            k = self.k.new_empty(len(ids), resident + room, *self.k.shape[3:])
+            k = self.k.new_empty(len(ids), length + room, *self.k.shape[3:])
             v = self.v.new_empty(k.shape)
             for row, slot in enumerate(ids):  # slice copies: one pass over the bytes, no index temp
-                k[row, :resident].copy_(self.k[layer, slot])
-                v[row, :resident].copy_(self.v[layer, slot])
+                k[row, :length].copy_(self.k[layer, slot, :length])
+                v[row, :length].copy_(self.v[layer, slot, :length])
             past.append((k, v))
         return past, mask
 

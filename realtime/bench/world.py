@@ -26,7 +26,8 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    world kind (compute admission off), ``n`` = 1, 2, 4, 8 websocket clients at once, each a
    ``fast``-paced JPEG session read as fast as it arrives: time to first frame (``session.start``
    sent -> first frame received, p50 over the clients of ``n`` = 1 runs), frames per second per
-   session and aggregate over ``--e2e-seconds`` after a warm-up, batched (``world.max_batch`` 8)
+   session and aggregate over ``--e2e-seconds`` after a warm-up (``--e2e-warmup-s``, and at least
+   until every session's window is full: the steady state), batched (``world.max_batch`` 8)
    vs time-sliced (``max_batch`` 1); DiT model-FLOPs utilisation = the DiT's FLOPs per block
    (counted by ``torch.utils.flop_counter`` on one steady-state block) x blocks per second of one
    session / the device's dense bf16 peak (``--peak-tflops``, 989 for an H200). Its JSON keys:
@@ -64,6 +65,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from models.world.configs import CONFIGS
+from models.world.kv_cache import KVGeometry
 from models.world.model import WorldModel, WorldTick, tokenize
 from models.world.sampler import BlockRequest, recompute_generate
 from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
@@ -347,13 +349,40 @@ def key_to_frame(args) -> KeyToFrame:
 
 @dataclass
 class E2ESession:
-    """One client of section 6: when its first frame arrived and its frames in the window."""
+    """One client of section 6: when its first frame arrived, and when each chunk did."""
 
     ttff_s: float = float("nan")
-    frames: int = 0
+    arrivals: list[tuple[float, int]] = field(default_factory=list)  # (time.monotonic(), frames)
+
+    def frames_in(self, start: float, end: float) -> int:
+        return sum(frames for at, frames in self.arrivals if start <= at < end)
 
 
-async def _e2e_client(url: str, fps: int, seed: int, window: tuple[float, float]) -> E2ESession:
+@dataclass
+class E2EWindow:
+    """The measured window of one run of section 6, shared by its clients: it opens at
+    ``earliest`` or once every session's window is full (the chunk of its first steady block
+    arrived), whichever is later, so a run never measures sessions still filling their windows
+    (their blocks cost less, or more under a mask, than the steady state's)."""
+
+    sessions: int
+    earliest: float
+    seconds: float
+    steady_at: list[float] = field(default_factory=list)
+
+    @property
+    def start(self) -> float | None:
+        if len(self.steady_at) < self.sessions:
+            return None
+        return max(self.earliest, *self.steady_at)
+
+    @property
+    def end(self) -> float | None:
+        start = self.start
+        return None if start is None else start + self.seconds
+
+
+async def _e2e_client(url: str, fps: int, seed: int, window: E2EWindow, steady_chunk: int) -> E2ESession:
     out = E2ESession()
     async with websockets.connect(f"{url}/v1/realtime/world?protocol_version=1", max_size=2**26) as ws:
         start = {"type": "session.start", "prompt": "stone", "seed": seed, "fps": fps, "pacing": "fast"}
@@ -371,9 +400,11 @@ async def _e2e_client(url: str, fps: int, seed: int, window: tuple[float, float]
                 continue
             if out.ttff_s != out.ttff_s:  # NaN: the first media message
                 out.ttff_s = now - sent
-            if window[0] <= now < window[1]:
-                out.frames += frames_of_chunk
-            if now >= window[1]:
+            out.arrivals.append((now, frames_of_chunk))
+            if len(out.arrivals) == steady_chunk + 1:
+                window.steady_at.append(now)
+            end = window.end
+            if end is not None and now >= end:
                 break
         await ws.send(json.dumps({"type": "session.close"}))
         async for _ in ws:
@@ -381,10 +412,14 @@ async def _e2e_client(url: str, fps: int, seed: int, window: tuple[float, float]
     return out
 
 
-async def _e2e_run(url: str, sessions: int, fps: int, warm_s: float, seconds: float) -> list[E2ESession]:
-    t0 = time.monotonic()
-    window = (t0 + warm_s, t0 + warm_s + seconds)
-    return list(await asyncio.gather(*(_e2e_client(url, fps, i, window) for i in range(sessions))))
+async def _e2e_run(
+    url: str, sessions: int, fps: int, warm_s: float, seconds: float, steady_chunk: int = 0
+) -> tuple[list[E2ESession], E2EWindow]:
+    """``sessions`` clients at once; ``steady_chunk``: the chunk index whose arrival means the
+    session's window is full (0: any first chunk)."""
+    window = E2EWindow(sessions, time.monotonic() + warm_s, seconds)
+    clients = (_e2e_client(url, fps, i, window, steady_chunk) for i in range(sessions))
+    return list(await asyncio.gather(*clients)), window
 
 
 def _dit_flops_per_block(args) -> tuple[float, int]:
@@ -410,6 +445,7 @@ def _dit_flops_per_block(args) -> tuple[float, int]:
 def e2e_section(args) -> dict[str, object]:
     """Section 6: end to end through ``realtime serve`` (see the module docstring)."""
     flops, video_frames_per_block = _dit_flops_per_block(args)
+    steady = KVGeometry.of(resolve_model(args.model, None)[0], torch.float32).steady_block
     figures: dict[str, dict[str, float]] = {"batched": {}, "sliced": {}}
     stage_ms: dict[str, dict[str, world_stages.Breakdown]] = {"batched": {}, "sliced": {}}
     ttff: list[float] = []
@@ -426,8 +462,15 @@ def e2e_section(args) -> dict[str, object]:
             asyncio.run(_e2e_run(url, 1, args.fps, 0.0, 1.0))  # warm the server (first-use allocations)
             for n in args.e2e_sessions:
                 before = world_stages.scrape(http)
-                runs = asyncio.run(_e2e_run(url, n, args.fps, args.e2e_warmup_s, args.e2e_seconds))
-                figures[mode][str(n)] = round(sum(r.frames for r in runs) / args.e2e_seconds, 2)
+                t0 = time.monotonic()
+                runs, window = asyncio.run(
+                    _e2e_run(url, n, args.fps, args.e2e_warmup_s, args.e2e_seconds, steady)
+                )
+                assert window.start is not None and window.end is not None
+                frames = sum(r.frames_in(window.start, window.end) for r in runs)
+                figures[mode][str(n)] = round(frames / args.e2e_seconds, 2)
+                print(f"  {mode}, {n} sessions: measured {window.start - t0:.1f}-{window.end - t0:.1f} s "
+                      f"after the start (every window full from block {steady})")  # fmt: skip
                 stage_ms[mode][str(n)] = world_stages.breakdown(before, world_stages.scrape(http))
                 print(world_stages.format_breakdown(f"{mode}, {n} sessions", stage_ms[mode][str(n)]))
                 if mode == "batched" and n == 1:

@@ -215,10 +215,12 @@ def measure_step_seconds(model: WorldModel, max_batch: int, reps: int = 2) -> di
     """Seconds of one steady-state block step (DiT + decode, the window full) at batch 1, 2, 4,
     ... up to ``max_batch`` (and the pool's slots): the compute side of admission.
 
-    Each probe runs from block 0 until its window is full, so it also warms up every shape a
-    session meets (no past, a window filling under a mask, the full window without one), at
-    batch 1 and at a batch of 2 or more: with ``world.compile`` these are all the graphs there
-    are (``CausalDiT.compile_blocks``), so no session compiles in service."""
+    Each probe runs from block 0 until its window is full, and the first batch of two or more
+    then steps once more with one session starting afresh beside the others, so the warm-up
+    meets every shape class a session meets (no past, a window filling, the full window, a
+    batch mixing phases) at batch 1 and at a batch of 2 or more: with ``world.compile`` these
+    are all the graphs there are (``CausalDiT.compile_blocks``), so no session compiles in
+    service."""
     sizes = sorted({min(b, max_batch, model.pool.slots) for b in (1, 2, 4, 8, 16, 32, 64, max_batch)})
     action = torch.zeros(model.cfg.action_dim)
     steady = model.pool.geometry.steady_block
@@ -234,6 +236,10 @@ def measure_step_seconds(model: WorldModel, max_batch: int, reps: int = 2) -> di
                 model.step([WorldTick(sid, block, None, action) for sid in ids])
                 times.append(time.perf_counter() - t0)
             seconds[b] = min(times[steady:])
+            if b > 1 and len(seconds) == 2:  # once: a session joining the others (masked)
+                model.reset(ids[0])
+                joined = [WorldTick(sid, steady + reps, None, action) for sid in ids[1:]]
+                model.step([WorldTick(ids[0], 0, None, action), *joined])
         finally:
             for sid in ids:
                 model.release(sid)

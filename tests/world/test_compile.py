@@ -42,7 +42,7 @@ def test_no_compilation_after_the_warm_up_as_windows_fill_at_any_batch_size():
     compiled.dit.compile_blocks(backend=counter)
     measure_step_seconds(compiled, max_batch=4)  # the world kind's load: batches 1, 2, 4
     warmed = counter.frame_count
-    assert warmed == 6  # {batch 1, batch >= 2} x {no past, filling window, full window}
+    assert warmed == 5  # batch 1 x {no past, past}, batch >= 2 x {no past, past, masked past}
     blocks = compiled.pool.geometry.steady_block + 3  # past the window: eviction under way
     groups = [["a"], ["b", "c", "d"], ["e", "f"]]  # batch 3 never ran in the warm-up
     got = _serve(compiled, groups, blocks)
@@ -53,32 +53,57 @@ def test_no_compilation_after_the_warm_up_as_windows_fill_at_any_batch_size():
             assert float((x - y).abs().max()) < TOL, (sid, b)
 
 
-def test_a_first_block_without_past_equals_attending_to_the_padded_masked_window():
+def test_gathered_past_equals_attending_to_the_whole_padded_window_under_a_mask():
+    """Structure: what ``gather`` hands the DiT (no past for a first block, the filled prefix of a
+    filling window, the whole window once full) attends exactly like the whole sink + window
+    gathered at full length with every frame the block must not see masked (garbage there)."""
     model = WorldModel.build(TEST, slots=2, dtype=torch.float64)
-    cfg = model.cfg
+    cfg, g = model.cfg, model.pool.geometry
     model.open("s", seed=1)
-    room = cfg.frames_per_block * cfg.tokens_per_frame
-    assert model.pool.gather(["s"], [0], room=room) == (None, None)  # nothing visible: no past
-    # the padded form of the same block: the whole (empty) window gathered, every past key masked
-    resident = model.pool.k.shape[2]
-    buffer = (1, resident + room, cfg.heads, cfg.head_dim)
-    # garbage in every past row, which the mask must hide
-    past = [
-        (torch.randn(buffer, dtype=torch.float64), torch.randn(buffer, dtype=torch.float64))
-        for _ in range(cfg.depth)
-    ]
-    mask = torch.cat([torch.zeros(1, resident, dtype=torch.bool), torch.ones(1, room, dtype=torch.bool)], 1)
-    shape = (1, cfg.frames_per_block, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
-    x = torch.randn(shape, dtype=torch.float64)
-    pos = torch.arange(cfg.frames_per_block)[None]
-    sigma = torch.full((1, cfg.frames_per_block), 0.5, dtype=torch.float64)
-    acts = action(0).expand(1, cfg.frames_per_block, -1).to(torch.float64)
+    room, tpf = cfg.frames_per_block * cfg.tokens_per_frame, cfg.tokens_per_frame
     cross = model.pool.cross(["s"])
-    alone, kv_alone = model.dit(x, pos, sigma, acts, cross, None, None)
-    padded, kv_padded = model.dit(x, pos, sigma, acts, cross, mask[:, None, None], past)
-    assert float((alone - padded).abs().max()) < TOL
-    for (ka, va), (kp, vp) in zip(kv_alone, kv_padded, strict=True):  # what the clean pass commits
-        assert float((ka - kp).abs().max()) < TOL and float((va - vp).abs().max()) < TOL
+    lengths = []
+    for b in range(g.steady_block + 2):
+        start = b * cfg.frames_per_block
+        past, key_mask = model.pool.gather(["s"], [start], room=room)
+        assert key_mask is None  # one session: never a mask
+        lengths.append(0 if past is None else past[0][0].shape[1] - room)
+        pos_of_slot = model.pool.frame_pos[0]
+        seen = (pos_of_slot >= 0) & (pos_of_slot < start)
+        seen &= (pos_of_slot < cfg.sink_frames) | (pos_of_slot >= start - cfg.window_frames)
+        mask = torch.cat([seen.repeat_interleave(tpf), torch.ones(room, dtype=torch.bool)])[None, None, None]
+        padded = []
+        for layer in range(cfg.depth):
+            k, v = (
+                torch.randn(1, g.resident_frames * tpf + room, cfg.heads, cfg.head_dim, dtype=torch.float64)
+                for _ in "kv"
+            )
+            k[0, : g.resident_frames * tpf], v[0, : g.resident_frames * tpf] = (
+                model.pool.k[layer, 0],
+                model.pool.v[layer, 0],
+            )
+            k[0, : g.resident_frames * tpf][~seen.repeat_interleave(tpf)] = 1e3  # garbage the mask hides
+            padded.append((k, v))
+        x = torch.randn(
+            1,
+            cfg.frames_per_block,
+            cfg.latent_channels,
+            cfg.latent_height,
+            cfg.latent_width,
+            dtype=torch.float64,
+        )
+        pos = torch.arange(start, start + cfg.frames_per_block)[None]
+        sigma = torch.full((1, cfg.frames_per_block), 0.5, dtype=torch.float64)
+        acts = action(b).expand(1, cfg.frames_per_block, -1).to(torch.float64)
+        got, kv_got = model.dit(x, pos, sigma, acts, cross, None, past)
+        want, kv_want = model.dit(x, pos, sigma, acts, cross, mask, padded)
+        assert float((got - want).abs().max()) < TOL, b
+        for (kg, vg), (kw, vw) in zip(kv_got, kv_want, strict=True):  # what the clean pass commits
+            assert float((kg - kw).abs().max()) < TOL and float((vg - vw).abs().max()) < TOL
+        model.generate([WorldTick("s", b, None, action(b))])
+    frames = [n // tpf for n in lengths]  # no past, then the window filling, then all of it
+    assert frames[0] == 0 and frames[-1] == g.resident_frames and frames == sorted(frames)
+    assert len(set(frames)) > 2
 
 
 @pytest.mark.slow
