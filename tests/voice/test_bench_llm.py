@@ -161,6 +161,21 @@ def test_bench_llm_runs_on_cuda_in_bfloat16(capsys):
     assert figures["cached_tokens_resident"] > 0 and figures["tokens_per_s_2"] > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_random_model_drawn_on_the_gpu_keeps_only_text_tokens_speakable(tmp_path):
+    from models.voice.random_chat_model import text_token_ids
+
+    directory = build_random_chat_model(tmp_path / "m", TINY, text_only=True, device="cuda")
+    chat = TransformersChat(directory)  # loads on the CPU: what was saved, not what was drawn
+    rows = chat.model.get_input_embeddings().weight.detach()
+    text = torch.zeros(TINY.vocab_size, dtype=torch.bool)
+    text[text_token_ids(chat.tokenizer)] = True
+    assert bool((rows[~text] == 0).all()) and bool((rows[text].abs().sum(dim=1) > 0).all())
+    replies, cached = two_turns(chat)
+    assert cached > 0 and all(len(r) > 0 for r in replies)
+
+
 def test_voice_llm_device_reaches_the_transformers_backend(monkeypatch):
     import models.voice.llm as llm
     from realtime.config import config_from_mapping
