@@ -11,8 +11,9 @@ piece per token), or a real checkpoint (``--model-dir``; its replies may end ear
 
 Everything runs through :class:`~models.voice.stages.TransformersLlmStage`, the stage the voice
 kind runs, with one generation thread per conversation (unbatched) and ``--workers`` model steps
-at once (``voice.llm_workers``; 0, the default: the number of conversations). Per conversation
-count ``n``: one unmeasured turn-1 phase of 2-token replies (every worker thread's first forward:
+at once (``voice.llm_workers``; 0, the default: the number of conversations; several values
+measure every count at each, in one process). Per setting (a conversation count ``n`` at one
+``--workers`` value): one unmeasured turn-1 phase of 2-token replies (every worker thread's first forward:
 CUDA context, cuBLAS handle), then rounds of three phases, all ``n`` conversations at once:
 
 1. **turn 1**: a fresh conversation, a user message making a ``--turn1-tokens`` prompt;
@@ -22,13 +23,13 @@ CUDA context, cuBLAS handle), then rounds of three phases, all ``n`` conversatio
    same turn 2 runs again from an empty cache: what a stateless server does every turn.
 
 **Time budget** (``--seconds``, from the bench's start, imports and the model's build and load
-included; 0: none): each conversation count gets an equal share of what is left when it starts
-(what a count leaves unused goes to the later ones), and each phase of a round an equal share of
-what is left of its count's. Replies still running at their phase's deadline are aborted
+included; 0: none): each setting gets an equal share of what is left when it starts (what a
+setting leaves unused goes to the later ones), and each phase of a round an equal share of what
+is left of its setting's. Replies still running at their phase's deadline are aborted
 (``cut``): their TTFT (if their first chunk came) and gaps still count, and tokens/s counts their
 tokens over the phase's wall time. Further rounds run while every phase has fewer than
-``--replies`` replies and the last round's wall time still fits the count's share. A count that
-starts with the budget spent is skipped (its figures null). Every figure says how many replies it
+``--replies`` replies and the last round's wall time still fits the setting's share. A setting
+that starts with the budget spent is skipped (its figures null). Every figure says how many replies it
 is from (``replies_N``, ``cut_replies_N``).
 
 Greedy, ``--max-new-tokens`` per reply. **TTFT**: from handing the request to the stage to the
@@ -37,12 +38,14 @@ reply's consecutive text chunks as they reach the loop (p50, p95, and their mean
 which chunks queued behind a busy event loop and then read in a burst do not shrink as they do the
 p50); **tokens/s**: a phase's generated tokens over its wall time.
 The headline TTFT, ITL and tokens/s are turn 2 resident (the kind's steady state); the ratio is
-resident / re-prefill turn-2 TTFT (p50) at the smallest ``n``, and per ``n`` beside it.
+resident / re-prefill turn-2 TTFT (p50) at the smallest ``n`` of the first ``--workers`` value,
+and per setting beside it.
 
 Last line, one JSON object: ``ttft_ms_N``, ``ttft_p95_ms_N``, ``itl_ms_N``, ``itl_p95_ms_N``,
-``itl_mean_ms_N``, ``tokens_per_s_N`` for each ``n`` (``ttft_ms_1``, ``ttft_ms_8``, ``ttft_ms_32``, ...),
+``itl_mean_ms_N``, ``tokens_per_s_N`` for each setting, ``N`` its label: ``n`` at ``n`` steps at
+once (``ttft_ms_1``, ``ttft_ms_8``, ``ttft_ms_32``, ...), ``n_wW`` at ``W`` (``tokens_per_s_32_w1``),
 ``ttft_reprefill_ms_N``, ``ttft_turn1_ms_N``, ``resident_vs_reprefill_ttft_ratio``, the token
-counts, per ``n`` the replies, cut replies, rounds, workers and wall seconds of each phase, the
+counts, per setting the replies, cut replies, rounds, workers and wall seconds of each phase, the
 build and load seconds, ``device``, ``dtype`` and the model shape. A figure with no reply behind
 it is null.
 """
@@ -116,6 +119,30 @@ class Phase:
 
 
 PHASES = ("turn1", "resident", "reprefill")
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One measured configuration: ``conversations`` at once, ``workers`` model steps at once."""
+
+    conversations: int
+    workers: int
+
+    @property
+    def label(self) -> str:
+        """The JSON keys' suffix: ``32`` (as many steps as conversations), ``32_w1`` otherwise."""
+        n = self.conversations
+        return str(n) if self.workers == n else f"{n}_w{self.workers}"
+
+    @classmethod
+    def of(cls, conversations: int, workers: int) -> Setting:
+        """``workers`` as ``--workers`` gives it: 0 is the conversations, and so is more."""
+        return cls(conversations, min(workers or conversations, conversations))
+
+
+def settings_of(conversations: Sequence[int], workers: Sequence[int]) -> list[Setting]:
+    """Every ``--workers`` value for every count, in that order, each distinct setting once."""
+    return list(dict.fromkeys(Setting.of(n, w) for w in workers for n in conversations))
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,13 +295,13 @@ async def run_round(
     return {"turn1": turn1, "resident": resident, "reprefill": reprefill}
 
 
-async def measure(chat: Any, n: int, args: argparse.Namespace, end: float) -> Measured:
-    """The warm-up, then rounds at ``n`` conversations through a stage of ``n`` threads and
-    ``args.workers`` (0: ``n``) steps at once, until every phase has ``args.replies`` replies or
-    the last round's wall time no longer fits before ``end`` (the first round always runs)."""
+async def measure(chat: Any, setting: Setting, args: argparse.Namespace, end: float) -> Measured:
+    """The warm-up, then rounds of ``setting``'s ``n`` conversations through a stage of ``n``
+    threads and its workers' steps at once, until every phase has ``args.replies`` replies or the
+    last round's wall time no longer fits before ``end`` (the first round always runs)."""
     from models.voice.stages import TransformersLlmStage
 
-    workers = args.workers or n
+    n, workers = setting.conversations, setting.workers
     stage = TransformersLlmStage(chat, n, workers=workers)
     try:
         started = time.perf_counter()
@@ -334,8 +361,8 @@ def _median(values: Sequence[int]) -> int | None:
     return int(np.median(values)) if values else None
 
 
-def count_figures(n: int, m: Measured | None) -> dict[str, Any]:
-    """The JSON figures of one conversation count (all null for a count the budget skipped)."""
+def count_figures(n: str, m: Measured | None) -> dict[str, Any]:
+    """The JSON figures of one setting, ``n`` its label (all null for one the budget skipped)."""
     if m is None:
         keys = ("ttft_ms", "ttft_p95_ms", "itl_ms", "itl_p95_ms", "itl_mean_ms", "tokens_per_s")
         keys += ("ttft_reprefill_ms",)
@@ -360,16 +387,16 @@ def count_figures(n: int, m: Measured | None) -> dict[str, Any]:
     }
 
 
-def figures_of(results: dict[int, Measured | None]) -> dict[str, Any]:
-    """The JSON figures: per conversation count, and the headline ratio at the smallest."""
+def figures_of(results: dict[Setting, Measured | None], headline: Setting) -> dict[str, Any]:
+    """The JSON figures: per setting, and the headline ratio: ``headline``'s."""
     out: dict[str, Any] = {}
-    ratios: dict[int, float | None] = {}
-    for n, m in results.items():
-        out |= count_figures(n, m)
-        ratios[n] = (
+    ratios: dict[str, float | None] = {}
+    for setting, m in results.items():
+        out |= count_figures(setting.label, m)
+        ratios[setting.label] = (
             None if m is None else _ratio(m.phases["resident"].ttft_ms(50), m.phases["reprefill"].ttft_ms(50))
         )
-    out["resident_vs_reprefill_ttft_ratio"] = ratios[min(ratios)]
+    out["resident_vs_reprefill_ttft_ratio"] = ratios[headline.label]
     out["resident_vs_reprefill_ttft_ratio_by_conversations"] = ratios
     measured = [m.phases for m in results.values() if m is not None]
     every = [r for phases in measured for p in phases.values() for r in p.replies]
@@ -391,21 +418,22 @@ def _f(value: float | None, width: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}.1f}"
 
 
-def _print_table(results: dict[int, Measured | None]) -> None:
+def _print_table(results: dict[Setting, Measured | None]) -> None:
     print(
-        f"{'convs':>5} | {'TTFT p50/p95 ms: turn 1':>24} {'turn 2 resident':>17} {'re-prefill':>17} "
+        f"{'convs':>7} | {'TTFT p50/p95 ms: turn 1':>24} {'turn 2 resident':>17} {'re-prefill':>17} "
         f"{'ratio':>6} | {'ITL p50/p95/mean ms':>22} | {'tokens/s':>8} | replies t1/res/pre (cut)"
     )
-    for n, m in results.items():
+    for setting, m in results.items():
+        n = setting.label
         if m is None:
-            print(f"{n:>5} | skipped: the --seconds budget was spent")
+            print(f"{n:>7} | skipped: the --seconds budget was spent")
             continue
         t1, res, pre = (m.phases[k] for k in PHASES)
         ratio = _ratio(res.ttft_ms(50), pre.ttft_ms(50))
         counts = "/".join(str(len(m.phases[k].replies)) for k in PHASES)
         cuts = "/".join(str(m.phases[k].cut()) for k in PHASES)
         print(
-            f"{n:>5} | {_f(t1.ttft_ms(50), 13)} / {_f(t1.ttft_ms(95), 8)} "
+            f"{n:>7} | {_f(t1.ttft_ms(50), 13)} / {_f(t1.ttft_ms(95), 8)} "
             f"{_f(res.ttft_ms(50), 8)} / {_f(res.ttft_ms(95), 6)} {_f(pre.ttft_ms(50), 8)} / "
             f"{_f(pre.ttft_ms(95), 6)} {'-' if ratio is None else f'{ratio:.2f}':>6} | "
             f"{_f(res.itl_ms(50), 6)} / {_f(res.itl_ms(95), 6)} / {_f(res.itl_mean_ms(), 6)} | "
@@ -414,11 +442,11 @@ def _print_table(results: dict[int, Measured | None]) -> None:
         )
 
 
-def _print_spent(n: int, m: Measured, took_s: float) -> None:
+def _print_spent(setting: Setting, m: Measured, took_s: float) -> None:
     walls = ", ".join(f"{k} {m.phases[k].wall_s:.1f} s" for k in PHASES)
     print(
-        f"  {n} conversations ({m.workers} steps at once) in {took_s:.1f} s: warm-up {m.warmup_s:.1f} s, "
-        f"{m.rounds} round(s): {walls}",
+        f"  {setting.conversations} conversations ({m.workers} steps at once) in {took_s:.1f} s: "
+        f"warm-up {m.warmup_s:.1f} s, {m.rounds} round(s): {walls}",
         flush=True,
     )
 
@@ -434,7 +462,9 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--seconds", type=float, default=120.0, help="the whole run's time budget, load included (0: none)"
     )
-    p.add_argument("--workers", type=int, default=0, help="model steps at once (0: the conversations)")
+    p.add_argument(
+        "--workers", type=int, nargs="+", default=[0], help="model steps at once, each (0: the conversations)"
+    )
     p.add_argument("--turn1-tokens", type=int, default=200, help="turn 1's whole prompt, in tokens")
     p.add_argument("--turn2-tokens", type=int, default=40, help="turn 2's new user message, in tokens")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -442,7 +472,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if min(args.conversations + [args.replies, args.max_new_tokens, args.turn2_tokens]) < 1:
         p.error("--conversations, --replies, --max-new-tokens and --turn2-tokens must be at least 1")
-    if args.seconds < 0 or args.workers < 0:
+    if args.seconds < 0 or min(args.workers) < 0:
         p.error("--seconds and --workers must be at least 0")
     started = time.perf_counter()
     end = started + args.seconds if args.seconds else float("inf")
@@ -470,24 +500,26 @@ def main(argv: list[str]) -> int:
         f"~{args.turn1_tokens} tokens, turn 2 +{args.turn2_tokens}, {args.max_new_tokens} new tokens, "
         f"greedy, {args.replies} replies per phase wanted, {budget}"
     )
-    results: dict[int, Measured | None] = {}
-    for i, n in enumerate(args.conversations):
+    settings = settings_of(args.conversations, args.workers)
+    results: dict[Setting, Measured | None] = {}
+    for i, setting in enumerate(settings):
         now = time.perf_counter()
         if now >= end:
-            results[n] = None
+            results[setting] = None
             continue
-        share_end = now + (end - now) / (len(args.conversations) - i)
-        results[n] = asyncio.run(measure(chat, n, args, share_end))
-        _print_spent(n, results[n], time.perf_counter() - now)
+        share_end = now + (end - now) / (len(settings) - i)
+        results[setting] = m = asyncio.run(measure(chat, setting, args, share_end))
+        _print_spent(setting, m, time.perf_counter() - now)
     _print_table(results)
-    figures = figures_of(results) | {
+    headline = Setting.of(min(args.conversations), args.workers[0])
+    figures = figures_of(results, headline) | {
         "device": args.device,
         "dtype": str(dtype).removeprefix("torch."),
         "model": name,
         "shape": shape_of(chat.model.config),
         "max_new_tokens": args.max_new_tokens,
         "replies_per_phase": {
-            n: None if m is None else len(m.phases["resident"].replies) for n, m in results.items()
+            s.label: None if m is None else len(m.phases["resident"].replies) for s, m in results.items()
         },
         "seconds": args.seconds,
         "build_s": round(built - started, 2),

@@ -12,7 +12,7 @@ import torch
 from models.voice.llm import ChatMessage, TransformersChat, render_chat
 from models.voice.random_chat_model import TINY, build_random_chat_model
 from realtime.bench import run_scenario
-from realtime.bench.llm import Phase, Reply
+from realtime.bench.llm import Phase, Reply, settings_of
 from tests.voice.tiny_chat_model import build_tiny_chat_model
 
 SMALL_RUN = ["--shape", "tiny", "--conversations", "1", "2", "--replies", "2"]
@@ -75,16 +75,22 @@ def test_a_spent_budget_cuts_the_running_replies_and_still_reports(capsys):
     # ~1500-token replies (seconds each) against a 4 s budget: every phase ends at its deadline
     figures = run_bench(capsys, "--seconds", "4", "--max-new-tokens", "1500", "--workers", "1")
     assert figures["elapsed_s"] < 4 + 2  # the cut replies' last forwards and the report
-    measured = [n for n in (1, 2) if figures[f"replies_{n}"] is not None]
-    assert measured and measured[0] == 1
-    for n in measured:
+    measured = [(n, label) for n, label in ((1, "1"), (2, "2_w1")) if figures[f"replies_{label}"] is not None]
+    assert measured and measured[0] == (1, "1")
+    for n, label in measured:
         assert (
-            figures[f"cut_replies_{n}"]
-            == figures[f"replies_{n}"]
+            figures[f"cut_replies_{label}"]
+            == figures[f"replies_{label}"]
             == {k: n for k in ("turn1", "resident", "reprefill")}
         )
-        assert figures[f"rounds_{n}"] == 1 and figures[f"workers_{n}"] == 1
+        assert figures[f"rounds_{label}"] == 1 and figures[f"workers_{label}"] == 1
     assert 0 <= figures["generated_tokens_min"] <= figures["generated_tokens_max"] < 1500
+
+
+def test_each_workers_value_measures_every_count_once():
+    settings = settings_of([1, 8, 32], [0, 1, 64])  # 64 steps at once is as many as there are
+    assert [s.label for s in settings] == ["1", "8", "32", "8_w1", "32_w1"]
+    assert [s.workers for s in settings] == [1, 8, 32, 1, 1]
 
 
 def test_a_count_that_starts_with_the_budget_spent_is_skipped_with_null_figures(capsys):
