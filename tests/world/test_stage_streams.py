@@ -1,5 +1,6 @@
 """On CUDA the decode stage runs on its own stream, ordered after the DiT forward by an event:
-its frames must equal the model's own ``step`` (one stream), block after block."""
+its frames must equal the model's own ``step`` (one stream), block after block, landing in pinned
+host memory with the stage timings read from CUDA events."""
 
 import pytest
 import torch
@@ -37,3 +38,6 @@ def test_decode_on_its_own_stream_equals_the_single_stream_step():
         expected = direct.step(ticks)
         for got, want in zip(frames, expected, strict=True):
             assert torch.equal(got.frames, want)
+            assert got.frames.is_pinned() and got.frames.is_contiguous()
+            t = got.timings
+            assert t is not None and min(t.denoise_ms, t.clean_ms, t.decode_ms) > 0 and t.d2h_ms >= 0
