@@ -22,5 +22,17 @@ def action(i: int, dim: int = 6) -> torch.Tensor:
     return a
 
 
+def block_inputs(
+    cfg: WorldModelConfig, block: int, sigma: float = 0.5
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random noisy block ``x`` (float64) with its frame positions, noise levels and actions:
+    the arguments of one DiT forward of one session's ``block``."""
+    fpb = cfg.frames_per_block
+    x = torch.randn(1, fpb, cfg.latent_channels, cfg.latent_height, cfg.latent_width, dtype=torch.float64)
+    pos = torch.arange(block * fpb, (block + 1) * fpb)[None]
+    sigmas = torch.full((1, fpb), sigma, dtype=torch.float64)
+    return x, pos, sigmas, action(block).expand(fpb, -1).to(torch.float64)[None]
+
+
 def tick(model: WorldModel, sid: str, i: int, prompt: str | None = "stone maze", act=None) -> WorldTick:
     return WorldTick(sid, model.next_block(sid), prompt, action(i) if act is None else act)

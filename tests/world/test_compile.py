@@ -14,7 +14,7 @@ from torch._dynamo.testing import CompileCounter
 from models.world.configs import TEST
 from models.world.model import WorldModel, WorldTick
 from realtime.kinds.world import measure_step_seconds
-from tests.world.helpers import action
+from tests.world.helpers import action, block_inputs
 
 TOL = 1e-10  # float64
 
@@ -84,17 +84,7 @@ def test_gathered_past_equals_attending_to_the_whole_padded_window_under_a_mask(
             )
             k[0, : g.resident_frames * tpf][~seen.repeat_interleave(tpf)] = 1e3  # garbage the mask hides
             padded.append((k, v))
-        x = torch.randn(
-            1,
-            cfg.frames_per_block,
-            cfg.latent_channels,
-            cfg.latent_height,
-            cfg.latent_width,
-            dtype=torch.float64,
-        )
-        pos = torch.arange(start, start + cfg.frames_per_block)[None]
-        sigma = torch.full((1, cfg.frames_per_block), 0.5, dtype=torch.float64)
-        acts = action(b).expand(1, cfg.frames_per_block, -1).to(torch.float64)
+        x, pos, sigma, acts = block_inputs(cfg, b)
         got, kv_got = model.dit(x, pos, sigma, acts, cross, None, past)
         want, kv_want = model.dit(x, pos, sigma, acts, cross, mask, padded)
         assert float((got - want).abs().max()) < TOL, b

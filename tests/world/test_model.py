@@ -15,7 +15,7 @@ from models.world.configs import TEST
 from models.world.dit import block_causal_mask
 from models.world.model import WorldTick, tokenize
 from models.world.sampler import BlockRequest, recompute_generate, recompute_x0
-from tests.world.helpers import action, make_model, tick
+from tests.world.helpers import action, block_inputs, make_model, tick
 
 TOL = 1e-10
 BLOCKS = 8  # with fpb=2, sink=1, window=4: eviction starts at block 3
@@ -48,23 +48,13 @@ def test_cached_forward_equals_full_masked_recompute_per_forward():
     worst = 0.0
     mutated = []
     for b in range(BLOCKS):
-        acts = action(b).expand(cfg.frames_per_block, -1).to(torch.float64)[None]
-        x = torch.randn(
-            1,
-            cfg.frames_per_block,
-            cfg.latent_channels,
-            cfg.latent_height,
-            cfg.latent_width,
-            dtype=torch.float64,
-        )
+        x, pos, sigma, acts = block_inputs(cfg, b)
         room = cfg.frames_per_block * cfg.tokens_per_frame
         past, key_mask = model.pool.gather(["s"], [b * cfg.frames_per_block], room=room)
         mask = None
         if key_mask is not None:
             new = key_mask.new_ones(1, cfg.frames_per_block * cfg.tokens_per_frame)
             mask = torch.cat([key_mask, new], 1)[:, None, None]
-        pos = torch.arange(b * cfg.frames_per_block, (b + 1) * cfg.frames_per_block)[None]
-        sigma = torch.full((1, cfg.frames_per_block), 0.5, dtype=torch.float64)
         cached, _ = model.dit(x, pos, sigma, acts, cross, mask, past)
         if history:
             h = torch.cat(history, 1)

@@ -1,6 +1,9 @@
-"""On CUDA the decode stage runs on its own stream, ordered after the DiT forward by an event:
-its frames must equal the model's own ``step`` (one stream), block after block, landing in pinned
-host memory with the stage timings read from CUDA events."""
+"""The block and decode stages against the model's own ``step``: equal frames, block after block
+(the first block, a window filling, the full window), as contiguous host tensors carrying the
+stage timings. On CUDA the decode stage runs on its own stream, ordered after the DiT forward by
+an event, and its frames land in pinned host memory; the timings come from CUDA events."""
+
+import time
 
 import pytest
 import torch
@@ -8,36 +11,44 @@ import torch
 from models.stage import StageItem
 from models.world.configs import TEST
 from models.world.model import WorldModel, WorldTick
-from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
+from models.world.stage import BlockTimings, WorldBlockInput, WorldBlockStage, WorldDecodeStage
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+CUDA = pytest.param(
+    "cuda",
+    marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+)
 
 
-def test_decode_on_its_own_stream_equals_the_single_stream_step():
-    staged = WorldModel.build(TEST, slots=2, device="cuda", seed=3)
-    direct = WorldModel.build(TEST, slots=2, device="cuda", seed=3)
-    dit, decode = WorldBlockStage(staged, device="cuda"), WorldDecodeStage(staged, device="cuda")
-    assert decode._stream is not None
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_staged_frames_equal_the_models_step_with_stage_timings(device):
+    staged = WorldModel.build(TEST, slots=2, device=device, seed=3)
+    direct = WorldModel.build(TEST, slots=2, device=device, seed=3)
+    dit, decode = WorldBlockStage(staged, device=device), WorldDecodeStage(staged, device=device)
+    assert (decode._stream is not None) == (device == "cuda")
     ids = ["a", "b"]
     for slot, sid in enumerate(ids):
         dit.open_state(sid, slot)
         decode.open_state(sid, slot)
         direct.open(sid, seed=slot)
     action = torch.zeros(TEST.action_dim)
-    for block in range(4):
+    for block in range(staged.pool.geometry.steady_block + 1):
         ticks = [WorldTick(sid, block, "stone", action) for sid in ids]
         items = [
             StageItem(sid, 0, WorldBlockInput(t, seed=slot), slot=slot)
             for slot, (sid, t) in enumerate(zip(ids, ticks, strict=True))
         ]
+        before = time.monotonic()
         latents = dit.forward(items)
-        assert all(b.ready is not None for b in latents)
+        assert all((b.ready is not None) == (device == "cuda") for b in latents)
         frames = decode.forward(
             [StageItem(sid, 0, b, slot=slot) for slot, (sid, b) in enumerate(zip(ids, latents, strict=True))]
         )
         expected = direct.step(ticks)
         for got, want in zip(frames, expected, strict=True):
-            assert torch.equal(got.frames, want)
-            assert got.frames.is_pinned() and got.frames.is_contiguous()
+            assert torch.equal(got.frames, want) and got.frames.is_contiguous()
+            assert got.frames.is_pinned() == (device == "cuda")
             t = got.timings
-            assert t is not None and min(t.denoise_ms, t.clean_ms, t.decode_ms) > 0 and t.d2h_ms >= 0
+            assert isinstance(t, BlockTimings) and before <= t.started_at <= time.monotonic()
+            assert min(t.denoise_ms, t.clean_ms, t.decode_ms) > 0 and t.d2h_ms >= 0
+            if device == "cpu":  # host clocks: the DiT's passes lie inside the stage's forward
+                assert t.denoise_ms + t.clean_ms <= got.forward_ms
