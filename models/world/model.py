@@ -6,7 +6,8 @@ The interface the runtime drives (through the stage engine, on a worker thread):
   (rolling self-attention KV + prompt cross-attention KV in the pool, decoder temporal cache,
   seed, next block index);
 - ``generate(ticks)``: one latent block for each of several sessions in one batched forward
-  (staged denoise passes + committing clean pass); ``decode(session_ids, latents)``: their frames
+  (staged denoise passes + committing clean pass; with start frames in the weights, a session's
+  first block begins from the one its prompt and seed choose, ``start_frames.py``); ``decode(session_ids, latents)``: their frames
   (``uint8 [frames, H, W, 3]``; a session's first block gives ``1 + 4(n-1)`` frames, then ``4n``).
 
 Both are transactional per call, and so is ``step`` (``generate`` + ``decode``, the engine's tick):
@@ -34,6 +35,7 @@ from models.world.configs import WorldModelConfig, load_model_weights, read_conf
 from models.world.dit import CausalDiT
 from models.world.kv_cache import KVGeometry, KVPool
 from models.world.sampler import BlockRequest, FlowSampler
+from models.world.start_frames import StartFrames, load_start_frames
 from models.world.vae import CausalDecoder, DecoderState, decoder_state_bytes, split_state, stack_states
 
 
@@ -69,6 +71,7 @@ class WorldModel:
     dit: CausalDiT
     decoder: CausalDecoder
     pool: KVPool
+    starts: StartFrames | None = None  # a session's first block begins from one (start_frames.py)
     sessions: dict[str, _Session] = field(default_factory=dict)
 
     @classmethod
@@ -91,7 +94,8 @@ class WorldModel:
         dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
         decoder = decoder.to(device=device, dtype=dtype).eval().requires_grad_(False)
         pool = KVPool(KVGeometry.of(cfg, dtype), slots, dtype, device)
-        return cls(cfg, dit, decoder, pool)
+        starts = load_start_frames(weights) if weights is not None else None
+        return cls(cfg, dit, decoder, pool, starts.to(device, dtype) if starts else None)
 
     @classmethod
     def from_weights(cls, path: Path, slots: int, **kw) -> WorldModel:
@@ -159,7 +163,11 @@ class WorldModel:
         ids = [t.session_id for t in ticks]
         reqs = [
             BlockRequest(
-                t.session_id, t.block, s.seed, t.action.reshape(1, -1).expand(cfg.frames_per_block, -1)
+                t.session_id,
+                t.block,
+                s.seed,
+                t.action.reshape(1, -1).expand(cfg.frames_per_block, -1),
+                self.starts.choose(tokenize(t.prompt, cfg), s.seed) if self.starts and t.block == 0 else None,
             )
             for t, s in zip(ticks, states, strict=True)
         ]

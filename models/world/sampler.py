@@ -4,7 +4,9 @@ One tick of a session generates block ``b`` (latent frames ``b*fpb .. b*fpb + fp
 
 1. **staged denoise passes** at the configured noise levels (e.g. 1.0, 0.5): each predicts the
    clean block x0 against the session's resident KV (read-only) and re-noises it to the next
-   level with fresh noise (Self-Forcing / DMD few-step sampling);
+   level with fresh noise (Self-Forcing / DMD few-step sampling); a request that carries a start
+   latent (a session's first block, when the model ships start frames) has its first frame held
+   at that latent after every pass;
 2. a **clean pass** at sigma = 0 over the final x0 whose K/V are the only thing committed to the
    pool (Self-Forcing "rerun with timestep zero", world_engine's cache pass).
 
@@ -43,6 +45,18 @@ class BlockRequest:
     block: int
     seed: int
     actions: Tensor
+    start: Tensor | None = None  # [C, h, w]: a start latent held as the block's first frame
+
+
+def pin_starts(reqs: Sequence[BlockRequest], x0: Tensor) -> Tensor:
+    """``x0`` with each start-carrying request's first frame replaced by its start latent
+    (replacement inpainting: the block's other frames are denoised around it)."""
+    rows = [i for i, r in enumerate(reqs) if r.start is not None]
+    if not rows:
+        return x0
+    x0 = x0.clone()
+    x0[rows, 0] = torch.stack([reqs[i].start for i in rows]).to(x0)
+    return x0
 
 
 class FlowSampler:
@@ -81,6 +95,7 @@ class FlowSampler:
         for i, s in enumerate(cfg.sigmas):
             sigma = torch.full((b, fpb), s, dtype=like.dtype, device=like.device)
             x0, _ = self.dit(x, pos, sigma, actions, cross, mask, past)
+            x0 = pin_starts(reqs, x0)
             if i + 1 < len(cfg.sigmas):
                 nxt = cfg.sigmas[i + 1]
                 noise = torch.stack([block_noise(r.seed, r.block, i + 1, shape, like) for r in reqs])

@@ -17,7 +17,9 @@ Two stages, each bounded by steps and minutes:
    plus (``--adv-weight``) a hinge loss from a small patch discriminator that rewards the brick
    mortar and floor checks a pixel loss averages away.
 
-Data: random mazes, themes (the prompt) and per-block actions, rendered into a pool of clips of
+The model file also gets start frames (``start_frames.py``: encoded maze frames a session's first
+block begins from, ``--start-frames-per-theme``). Data: random mazes, themes (the prompt) and
+per-block actions, rendered into a pool of clips of
 ``1 + 4(n - 1)`` frames up front. The result is one safetensors file (``dit.*``, ``decoder.*``,
 config in the metadata), float16 by default (``--weights-dtype``; it loads as float32). The shape
 flags (``--latent-channels``, ``--dim``, ``--heads``, ``--depth``, ``--ffn-dim``,
@@ -37,6 +39,7 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -55,6 +58,7 @@ from models.world.dit import CausalDiT, block_causal_mask
 from models.world.env import THEMES, MazeEnv, horizontal_shift, rollout
 from models.world.model import WorldModel, WorldTick, tokenize
 from models.world.sharpness import frame_stats, generated_frames, psnr, side_by_side
+from models.world.start_frames import render_start_frames
 from models.world.vae import CausalDecoder
 
 # per-block action menu: (probability, [forward, back, left, right, mouse_dx, mouse_dy])
@@ -215,14 +219,22 @@ def train_autoencoder(cfg, data, args, g) -> tuple[GroupEncoder, CausalDecoder]:
     return enc, dec
 
 
+def normalised_encoder(enc: GroupEncoder, dec: CausalDecoder) -> Callable[[Tensor], Tensor]:
+    """Frames ``[B, 1+4(n-1), 3, H, W]`` in ``[0, 1]`` -> latents at the DiT's unit scale (the
+    decoder's fitted mean/std), without gradients."""
+
+    @torch.no_grad()
+    def encode(frames: Tensor) -> Tensor:
+        return (enc(frames) - dec.latent_mean[:, None, None]) / dec.latent_std[:, None, None]
+
+    return encode
+
+
 def encode_dataset(cfg, enc, dec, data, device) -> Tensor:
-    frames = data[0]
-    out = []
-    with torch.no_grad():
-        for i in range(0, frames.shape[0], 256):
-            z = enc(frames[i : i + 256].to(device).float() / 255.0)
-            out.append((z - dec.latent_mean[:, None, None]) / dec.latent_std[:, None, None])
-    return torch.cat(out)
+    frames, encode = data[0], normalised_encoder(enc, dec)
+    return torch.cat(
+        [encode(frames[i : i + 256].to(device).float() / 255.0) for i in range(0, frames.shape[0], 256)]
+    )
 
 
 def train_dit(cfg, latents: Tensor, data, args, g) -> CausalDiT:
@@ -477,6 +489,12 @@ def main(argv: list[str] | None = None) -> int:
         help="stage 2: the clean past gets noise of a std drawn from [0, this) per clip "
         "(robustness to the model's own x0 as context at inference)",
     )
+    p.add_argument(
+        "--start-frames-per-theme",
+        type=int,
+        default=16,
+        help="encoded maze frames per theme that sessions start from (start_frames.py); 0: none",
+    )
     p.add_argument("--save-autoencoder", type=Path, help="also write stage 1's encoder + decoder here")
     p.add_argument("--autoencoder", type=Path, help="skip stage 1: load a --save-autoencoder file")
     p.add_argument("--autoencoder-only", action="store_true", help="stop after stage 1 and its report")
@@ -508,6 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     dec = train_decoder_on_samples(cfg, dit, dec, latents, data, args, g)
     tensors = {f"dit.{k}": v.float().cpu() for k, v in dit.state_dict().items()}
     tensors.update({f"decoder.{k}": v.float().cpu() for k, v in dec.state_dict().items()})
+    if args.start_frames_per_theme:
+        starts = render_start_frames(
+            cfg, normalised_encoder(enc, dec), lambda w: tokenize(w, cfg), args.start_frames_per_theme,
+            device=args.device,
+        )  # fmt: skip
+        tensors.update(starts.tensors())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_model_weights(args.out, cfg, tensors, WEIGHT_DTYPES[args.weights_dtype])
     size = args.out.stat().st_size

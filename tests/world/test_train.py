@@ -11,6 +11,8 @@ from safetensors import safe_open
 from models.world import train
 from models.world.configs import TINY, read_config
 from models.world.model import WorldModel
+from models.world.start_frames import load_start_frames
+from models.world.start_frames import main as add_start_frames
 
 # the TEST config's shape through the flags: 32x32 frames, seconds on one CPU thread
 SHAPE = ["--latent-channels", "4", "--dim", "32", "--heads", "2", "--depth", "2", "--ffn-dim", "64"]
@@ -26,8 +28,10 @@ def test_tiny_run_writes_float16_weights_of_the_flagged_shape_that_load_and_step
     assert (cfg.latent_channels, cfg.dim, cfg.depth, cfg.decoder_res_levels) == (4, 32, 2, 1)
     assert cfg.decoder_channels == (8, 8) and cfg.frame_width == 32 and cfg.name == TINY.name
     with safe_open(str(out), "pt") as f:
-        dtypes = {f.get_tensor(k).dtype for k in f.keys()}
+        dtypes = {f.get_tensor(k).dtype for k in f.keys() if k != "start.tokens"}
     assert dtypes == {torch.float16}
+    # start frames: 16 per theme by default, encoded at the model's latent shape
+    assert load_start_frames(out).latents.shape == (64, 4, 8, 8)
     model = WorldModel.from_weights(out, slots=1)
     assert next(model.dit.parameters()).dtype == torch.float32
     assert any(k.startswith("res.0.") for k in model.decoder.state_dict())
@@ -41,7 +45,7 @@ def test_float32_is_kept_on_request_and_bad_shapes_fail_before_training(tmp_path
     out = tmp_path / "w32.safetensors"
     train.main(["--device", "cpu", "--out", str(out), "--weights-dtype", "float32", *SHAPE, *STEPS])
     with safe_open(str(out), "pt") as f:
-        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float32}
+        assert {f.get_tensor(k).dtype for k in f.keys() if k != "start.tokens"} == {torch.float32}
     with pytest.raises(ValueError, match="decoder_res_levels"):
         train.main(["--device", "cpu", "--out", str(out), "--decoder-res-levels", "5", *STEPS])
     # 64 channels x 2x2 patches = 256 outputs per token from TINY's dim 128: the rank check
@@ -68,6 +72,9 @@ def test_autoencoder_saved_by_one_run_is_loaded_by_the_next_which_skips_stage_1(
         next(line for line in second.splitlines() if line.startswith("held-out:")).split(":", 1)[1]
     )
     assert held2["recon_psnr"] == held["recon_psnr"]
+    # the start-frames CLI re-renders them from the saved autoencoder into the model file
+    assert add_start_frames(["--weights", str(out), "--autoencoder", str(ae), "--per-theme", "2"]) == 0
+    assert load_start_frames(out).latents.shape[0] == 8
     # a loaded autoencoder must have the shape the flags ask for
     with pytest.raises(SystemExit, match="latent_channels"):
         train.main([*base[:4], *SHAPE[2:], "--latent-channels", "8", *STEPS, "--autoencoder", str(ae)])
