@@ -131,6 +131,7 @@ class RobotConfig:
     torch_threads: NonNegativeInt = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cuda_graphs: bool = True
+    fp8: bool = False  # pi0 layers' matmuls in FP8 (models/fp8.py; CUDA sm89+, allowed but slower on CPU)
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ class WorldConfig:
     compute_utilisation: Fraction = 0.8
     max_prompt_chars: PositiveInt = 2000
     compile: bool = False  # torch.compile each DiT block (CUDA); every batch size compiles at load
+    fp8: bool = False  # DiT block matmuls in FP8 (models/fp8.py; CUDA sm89+, allowed but slower on CPU)
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.cuda_graphs import BatchGraphs
+from models.fp8 import convert_linears
 from models.policy import presets
 from models.policy.interface import ObservationError, PolicySpec
 from models.policy.rtc import Guide, RTCOptions, RTCState, guided_velocity
@@ -245,6 +246,15 @@ class Pi0Tiny(nn.Module):
             self.vision_out = nn.Linear(c.vision_width, c.width) if c.vision_depth else nn.Identity()
         self.eval()
 
+    def to_fp8(self) -> int:
+        """FP8 matmuls (``models.fp8``) for every projection and MLP of the vision, prefix and
+        expert layers; returns how many Linears were swapped (4 per layer). The patch convolution,
+        ``vision_out``, the state, action and time embeddings and the action head stay in
+        ``config.dtype``: each is <= 0.1 % of the FLOPs at pi0's shapes. Call it after the last
+        ``.to(dtype)`` and before any CUDA graph is captured."""
+        stacks = (self.vision_layers, self.prefix_layers, self.expert_layers)
+        return sum(convert_linears(layers) for layers in stacks)
+
     def embed_prefix(
         self,
         images: torch.Tensor,  # [B, C, R, R, 3] uint8
@@ -371,6 +381,8 @@ class Pi0TinyPolicy:
     accepts only that layout and returns the robot's action dims (openpi's ``*Outputs`` slice).
     ``device`` is a torch device string (``"cpu"``, ``"cuda:0"``) for the weights and forwards.
     ``max_prompt_chars`` bounds a prompt's length (``presets.MAX_PROMPT_CHARS`` by default).
+    ``fp8``: the layers' matmuls in FP8 (:meth:`Pi0Tiny.to_fp8`; for CUDA from sm89, allowed and
+    slower on the CPU); RTC-guided steps then multiply by the dequantized weights (``models.fp8``).
     """
 
     def __init__(
@@ -381,6 +393,7 @@ class Pi0TinyPolicy:
         device: str = "cpu",
         max_prompt_chars: int = presets.MAX_PROMPT_CHARS,
         cuda_graphs: bool = True,
+        fp8: bool = False,
     ) -> None:
         self.config = config or Pi0TinyConfig()
         self.device = device
@@ -390,6 +403,8 @@ class Pi0TinyPolicy:
         self.preset = presets.PRESETS[preset] if preset else None
         self.default_prompt = default_prompt
         self.model = _build(self.config, device)
+        if fp8:
+            self.model.to_fp8()
         self.graphs: BatchGraphs | None = None  # captured at warmup (CUDA only)
         self._use_graphs = cuda_graphs and torch.device(device).type == "cuda"
         c = self.config

@@ -25,12 +25,15 @@ ALLOCATOR_MARGIN = 1.25
 KERNEL_WORKSPACE_BYTES = 256 * 2**20  # cuDNN convolution and cuBLAS workspaces of one tick
 
 
-def weight_bytes(cfg: WorldModelConfig, dtype: torch.dtype) -> int:
-    """Parameters and buffers of the DiT and the decoder in ``dtype`` (built on the meta device)."""
-    elem = torch.empty((), dtype=dtype).element_size()
+def weight_bytes(cfg: WorldModelConfig, dtype: torch.dtype, fp8: bool = False) -> int:
+    """Parameters and buffers of the DiT and the decoder in ``dtype`` (built on the meta device);
+    with ``fp8`` the DiT's converted layers count as built (``CausalDiT.to_fp8``: 1-byte weights,
+    float32 scales)."""
     with torch.device("meta"):
-        modules = (CausalDiT(cfg), CausalDecoder(cfg))
-    return sum(t.numel() * elem for m in modules for t in (*m.parameters(), *m.buffers()))
+        dit, decoder = CausalDiT(cfg).to(dtype), CausalDecoder(cfg).to(dtype)
+    if fp8:
+        dit.to_fp8()
+    return sum(t.numel() * t.element_size() for m in (dit, decoder) for t in (*m.parameters(), *m.buffers()))
 
 
 def dit_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> int:
@@ -60,11 +63,14 @@ def decoder_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batc
     return frames * peak * elem
 
 
-def fixed_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> int:
-    """Everything but the per-session pools: weights plus one batched tick's transient memory."""
+def fixed_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, fp8: bool = False) -> int:
+    """Everything but the per-session pools: weights (``fp8``: the DiT's FP8 layers) plus one
+    batched tick's transient memory (the same estimate with ``fp8``: a layer's per-call copies
+    of its input, one in ``dtype`` and one of 1 byte per element, live while the attention's
+    tensors counted above are already freed)."""
     transient = (
         KVGeometry.of(cfg, dtype).scratch_bytes(max_batch)
         + dit_activation_bytes(cfg, dtype, max_batch)
         + decoder_activation_bytes(cfg, dtype, max_batch)
     )
-    return weight_bytes(cfg, dtype) + KERNEL_WORKSPACE_BYTES + int(ALLOCATOR_MARGIN * transient)
+    return weight_bytes(cfg, dtype, fp8) + KERNEL_WORKSPACE_BYTES + int(ALLOCATOR_MARGIN * transient)

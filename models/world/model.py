@@ -83,8 +83,14 @@ class WorldModel:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        fp8: bool = False,
     ) -> WorldModel:
-        """Random init from ``seed`` (or ``weights``), eval mode, a pool of ``slots`` sessions."""
+        """Random init from ``seed`` (or ``weights``), eval mode, a pool of ``slots`` sessions.
+
+        ``fp8``: the DiT's block matmuls in FP8 (``CausalDiT.to_fp8``: weights quantized once
+        after loading, per output channel; activations per token); the decoder, the KV pool and
+        every other tensor stay in ``dtype``. Meant for CUDA from sm89 (Hopper: twice the bf16
+        peak); allowed on the CPU, where it is slower (no FP8 units) and serves the tests."""
         torch.manual_seed(seed)
         with torch.device(device):  # init where the model runs: no host copy of a 2 B-param DiT
             dit, decoder = CausalDiT(cfg), CausalDecoder(cfg)
@@ -92,6 +98,8 @@ class WorldModel:
             load_model_weights(dit, weights, "dit.")
             load_model_weights(decoder, weights, "decoder.")
         dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        if fp8:
+            dit.to_fp8()
         decoder = decoder.to(device=device, dtype=dtype).eval().requires_grad_(False)
         pool = KVPool(KVGeometry.of(cfg, dtype), slots, dtype, device)
         starts = load_start_frames(weights) if weights is not None else None

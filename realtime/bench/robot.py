@@ -31,6 +31,7 @@ and (c) with pi0 at its real shapes (``models.policy.pi0_tiny.PI0_SHAPED``, bf16
 both servers: the same policy objects); ``--clients 8,32`` measures (b) at each count and
 ``--parts`` picks the sections, e.g. the GPU-issue run
 ``realtime bench robot --device cuda --policy pi0-shaped --parts a',b --clients 8,32 --max-batch 32``.
+``--fp8`` (``robot.fp8``) runs pi0's layer matmuls in FP8 in both servers (``models/fp8.py``).
 
 The last line is JSON: ``overhead_ratio_libero``, ``overhead_ratio_aloha`` (ours / peer p50
 round trip, median over rounds), ``throughput_ratio_8`` (ours / peer chunks/s) with
@@ -139,15 +140,15 @@ def ours(policy: str, threads: int, robot: Mapping[str, Any] | None = None) -> I
 
 
 @contextlib.contextmanager
-def peer(policy: str, threads: int, device: str = "auto") -> Iterator[str]:
+def peer(policy: str, threads: int, device: str = "auto", fp8: bool = False) -> Iterator[str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "realtime.bench.robot", "--serve-peer", policy, "--port", str(port)]
-    cmd += ["--torch-threads", str(threads), "--device", device]
+    cmd += ["--torch-threads", str(threads), "--device", device] + (["--fp8"] if fp8 else [])
     with _process(cmd, f"http://127.0.0.1:{port}/healthz"):
         yield f"ws://127.0.0.1:{port}"
 
 
-def serve_peer(policy: str, port: int, threads: int, device: str) -> int:
+def serve_peer(policy: str, port: int, threads: int, device: str, fp8: bool = False) -> int:
     """Child process: openpi-server 0.1.0 serving our policy object."""
     import torch
     from openpi_server import WebsocketPolicyServer
@@ -156,7 +157,7 @@ def serve_peer(policy: str, port: int, threads: int, device: str) -> int:
     from realtime.kinds.robot import build_policy, handshake_metadata
 
     torch.set_num_threads(threads)
-    config = RobotConfig(policy=policy, device=device)
+    config = RobotConfig(policy=policy, device=device, fp8=fp8)
     built = build_policy(config)
     built.warmup(1)
     server = WebsocketPolicyServer(
@@ -322,12 +323,13 @@ def trivial_overhead(requests: int, rounds_n: int, threads: int) -> dict[str, An
 def concurrent(
     policy: str, clients: int, seconds: float, threads: int, device: str, robot: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """(b): ``clients`` robots at once for ``seconds``, ours (batched) vs openpi-server (serial)."""
+    """(b): ``clients`` robots at once for ``seconds``, ours (batched) vs openpi-server (serial);
+    ``robot`` (ours' config overrides) also says the policy's ``fp8`` for both."""
     print(f"(b) {clients} concurrent clients, {policy}, {seconds:g} s each")
     print(f"{'server':<14} {'chunks/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'forward ms':>11} {'mean batch':>11}")
     figures, results = {}, {}
     servers = (
-        ("peer", lambda: peer(policy, threads, device)),
+        ("peer", lambda: peer(policy, threads, device, robot.get("fp8", False))),
         ("ours", lambda: ours(policy, threads, robot)),
     )
     for who, serve in servers:
@@ -422,6 +424,11 @@ def main(argv: list[str]) -> int:
         "--idle-requests", type=int, default=240, help="(c): the active client's round trips per case"
     )
     parser.add_argument("--idle-rounds", type=int, default=4, help="(c): alternating blocks per case")
+    parser.add_argument(
+        "--fp8",
+        action="store_true",
+        help="robot.fp8 for pi0 in (a'), (b), (c): FP8 layer matmuls, both servers",
+    )
     parser.add_argument("--serve-peer", choices=["zeros", "pi0-tiny", "pi0-shaped"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -430,13 +437,13 @@ def main(argv: list[str]) -> int:
         print(missing, file=sys.stderr)
         return 2
     if args.serve_peer:
-        return serve_peer(args.serve_peer, args.port, args.torch_threads, args.device)
+        return serve_peer(args.serve_peer, args.port, args.torch_threads, args.device, args.fp8)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     threads = args.torch_threads
     device = _describe_device(args.device)
     print(
         f"robot bench: ours (realtime serve) vs openpi-server 0.1.0, same policy objects, loopback, "
-        f"torch threads={threads}, cpu count={os.cpu_count()}, {args.policy} device={device}"
+        f"torch threads={threads}, cpu count={os.cpu_count()}, {args.policy}{' (FP8)' if args.fp8 else ''} device={device}"
     )
     results: dict[str, Any] = {}
     parts = set(args.parts.split(","))
@@ -444,7 +451,7 @@ def main(argv: list[str]) -> int:
     if unknown:
         parser.error(f"--parts: unknown sections {sorted(unknown)}")
     counts = [int(n) for n in args.clients.split(",")]
-    robot: dict[str, Any] = {"device": args.device}
+    robot: dict[str, Any] = {"device": args.device, "fp8": args.fp8}
     if args.coalesce_window_s is not None:
         robot["coalesce_window_s"] = args.coalesce_window_s
     if args.max_batch is not None:
@@ -453,8 +460,8 @@ def main(argv: list[str]) -> int:
         results.update(trivial_overhead(args.requests, args.rounds, threads))
     if "a'" in parts:
         with (
-            peer(args.policy, threads, args.device) as url_peer,
-            ours(args.policy, threads, {"device": args.device}) as url_ours,
+            peer(args.policy, threads, args.device, args.fp8) as url_peer,
+            ours(args.policy, threads, {"device": args.device, "fp8": args.fp8}) as url_ours,
         ):
             samples = overhead(
                 url_ours,
@@ -479,6 +486,7 @@ def main(argv: list[str]) -> int:
     results["device"] = device
     results["clients"] = counts
     results["policy"] = args.policy
+    results["fp8"] = args.fp8
     print(json.dumps(results))
     return 0
 

@@ -37,6 +37,9 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    and after each run, ``realtime.bench.world_stages``: ``p50`` and ``max`` of the later blocks,
    ``first_block`` the mean of the run's first blocks, ``n`` the later blocks counted).
 
+``--fp8``: every section with the DiT's block matmuls in FP8 (``world.fp8``, ``models/fp8.py``);
+``mfu`` stays a fraction of the dense *bf16* peak (so FP8 can lift it past what bf16 could reach).
+
 Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``,
 ``pipeline_overlap_ratio``, ``continuous_play_ratio``, ``key_to_frame_ms_p50``,
 ``key_to_frame_ms_p95``, ``key_to_frame_continuous_play_ratio``.
@@ -86,7 +89,7 @@ def _build(args, slots: int) -> WorldModel:
     """The served model: the committed weights (with their own config) where they exist."""
     cfg, weights = resolve_model(args.model, None)
     return WorldModel.build(
-        cfg, slots=slots, weights=weights, device=args.device, dtype=getattr(torch, args.dtype)
+        cfg, slots=slots, weights=weights, device=args.device, dtype=getattr(torch, args.dtype), fp8=args.fp8
     )
 
 
@@ -228,6 +231,7 @@ def world_server(args, **world: object) -> Iterator[str]:
             "device": args.device,
             "dtype": args.dtype,
             "torch_threads": args.threads,
+            "fp8": args.fp8,
             **({} if args.pacing_margin_s is None else {"pacing_margin_s": args.pacing_margin_s}),
             **world,
         },
@@ -450,7 +454,8 @@ def e2e_section(args) -> dict[str, object]:
     stage_ms: dict[str, dict[str, world_stages.Breakdown]] = {"batched": {}, "sliced": {}}
     ttff: list[float] = []
     print(
-        f"end to end through realtime serve, {args.model} on {args.device} ({args.dtype}), fast pacing, JPEG"
+        f"end to end through realtime serve, {args.model} on {args.device} ({args.dtype}"
+        f"{', FP8 DiT matmuls' if args.fp8 else ''}), fast pacing, JPEG"
     )
     counts = [str(n) for n in args.e2e_sessions]
     for mode, max_batch in (("batched", max(args.e2e_sessions)), ("sliced", 1)):
@@ -529,6 +534,9 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--compile", action="store_true", help="section 6: the served world.compile")
     p.add_argument(
+        "--fp8", action="store_true", help="the DiT's block matmuls in FP8 (world.fp8), every section"
+    )
+    p.add_argument(
         "--encode-threads", type=int, help="section 6: the served world.encode_threads (default: its default)"
     )
     p.add_argument("--peak-tflops", type=float, default=989.0, help="section 6: dense bf16 peak (H200: 989)")
@@ -537,7 +545,15 @@ def main(argv: list[str]) -> int:
         return _print_key_to_frame(args, {})
     if args.e2e:
         print(
-            json.dumps({**e2e_section(args), "device": args.device, "model": args.model, "dtype": args.dtype})
+            json.dumps(
+                {
+                    **e2e_section(args),
+                    "device": args.device,
+                    "model": args.model,
+                    "dtype": args.dtype,
+                    "fp8": args.fp8,
+                }
+            )
         )
         return 0
     torch.set_num_threads(args.threads)
@@ -593,5 +609,6 @@ def _print_key_to_frame(args, figures: dict[str, float]) -> int:
         "device": args.device,
         "model": args.model,
         "dtype": args.dtype,
+        "fp8": args.fp8,
     }))  # fmt: skip
     return 0 if run.echo_mismatches == 0 else 1

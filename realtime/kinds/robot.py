@@ -102,6 +102,7 @@ def build_policy(config: RobotConfig) -> Policy:
         preset=preset,
         device=resolve_device(config.device),
         cuda_graphs=config.cuda_graphs,
+        fp8=config.fp8,
         **limits,
     )
 

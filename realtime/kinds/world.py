@@ -149,11 +149,18 @@ class WorldService(KindServiceBase):
         progress("plan capacity", 0, 3)
         cfg, weights = resolve_model(wc.model, wc.weights)
         self.plan = capacity_plan(
-            self.ctx.config.runtime, world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch), wc.device
+            self.ctx.config.runtime,
+            world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch, wc.fp8),
+            wc.device,
         )
         progress("load model", 1, 3)
         self.model = WorldModel.build(
-            cfg, slots=self.plan.capacity, weights=weights, device=wc.device, dtype=_DTYPES[wc.dtype]
+            cfg,
+            slots=self.plan.capacity,
+            weights=weights,
+            device=wc.device,
+            dtype=_DTYPES[wc.dtype],
+            fp8=wc.fp8,
         )
         if wc.compile:
             self.model.dit.compile_blocks()
@@ -246,14 +253,17 @@ def measure_step_seconds(model: WorldModel, max_batch: int, reps: int = 2) -> di
     return seconds
 
 
-def world_declaration(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> MemoryDeclaration:
+def world_declaration(
+    cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, fp8: bool = False
+) -> MemoryDeclaration:
     """One session's bytes over the world stages, computed from the geometry before any pool
     exists (what ``WorldBlockStage.state_bytes() + WorldDecodeStage.state_bytes()`` will say);
-    the fixed share (weights, one batched tick's transient memory) is ``models.world.memory``."""
+    the fixed share (weights, FP8 ones with ``fp8``; one batched tick's transient memory) is
+    ``models.world.memory``."""
     geometry = KVGeometry.of(cfg, dtype)
     return MemoryDeclaration(
         resident_bytes_per_session=geometry.bytes_per_session + decoder_state_bytes(cfg, dtype),
-        scratch_bytes=fixed_bytes(cfg, dtype, max_batch),
+        scratch_bytes=fixed_bytes(cfg, dtype, max_batch, fp8),
         max_sessions=256,
     )
 
