@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.testing import CompileCounter
 
-from models.fp8 import E4M3_MAX, FP8, Fp8Linear, convert_linears
+from models.fp8 import E4M3_MAX, FP8, Fp8Linear, _check_device, convert_linears
 from realtime.config import ConfigError, config_from_mapping
 
 REL_ERR = 0.06
@@ -98,6 +98,12 @@ def test_under_autograd_the_dequantized_weight_carries_the_gradient():
 def test_dims_not_multiples_of_16_are_refused():
     with pytest.raises(ValueError, match="multiples of 16"):
         Fp8Linear.from_linear(nn.Linear(40, 32))
+
+
+def test_gpus_before_sm89_are_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ValueError, match="compute capability >= 8.9"):
+        _check_device(torch.device("cuda", 0))
 
 
 class _Net(nn.Module):

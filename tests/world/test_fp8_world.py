@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 from torch import nn
 from torch._dynamo.testing import CompileCounter
 
 from models.fp8 import Fp8Linear
-from models.world.configs import TEST, WAN_1_3B
+from models.world.configs import CONFIGS, TEST, WAN_1_3B
 from models.world.memory import weight_bytes
 from models.world.model import WorldModel, WorldTick
-from realtime.kinds.world import measure_step_seconds
+from realtime.config import config_from_mapping
+from realtime.connections import ConnectionRegistry
+from realtime.kinds.base import ServerContext
+from realtime.kinds.world import build_world_service, measure_step_seconds
 from tests.world.helpers import action
 
 BLOCKS = 8
@@ -102,6 +106,23 @@ def test_the_memory_plan_counts_the_fp8_weights(cfg):
         weights = cfg.depth * (3 * d * d + d * d + d * d + 2 * d * d + d * d + 2 * d * f)
         scales = cfg.depth * (3 * d + d + d + 2 * d + d + f + d) * 4
         assert bf16 - fp8 == weights - scales
+
+
+def test_the_world_kind_loads_world_fp8_and_plans_its_smaller_weights():
+    plans = {}
+    for fp8 in (False, True):
+        raw = {"world": {"enabled": True, "model": "world-test", "max_batch": 2, "fp8": fp8}}
+        service = build_world_service(
+            ServerContext(config_from_mapping(raw), CollectorRegistry(), ConnectionRegistry())
+        )
+        service.load(lambda *a: None)
+        assert any(isinstance(m, Fp8Linear) for m in service.model.dit.modules()) is fp8
+        plans[fp8] = service.plan.scratch_bytes
+    model = "world-test"
+    saved = weight_bytes(CONFIGS[model], torch.float32) - weight_bytes(
+        CONFIGS[model], torch.float32, fp8=True
+    )
+    assert plans[False] - plans[True] == saved > 0
 
 
 @pytest.mark.gpu
