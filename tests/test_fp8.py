@@ -18,14 +18,6 @@ from realtime.config import ConfigError, config_from_mapping
 REL_ERR = 0.06
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.detach().double() - ref.detach()).norm() / ref.detach().norm())
 

@@ -18,14 +18,6 @@ from realtime.config import RobotConfig
 from realtime.kinds.robot import build_policy
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def policies() -> tuple[Pi0TinyPolicy, Pi0TinyPolicy]:
     return Pi0TinyPolicy(), Pi0TinyPolicy(fp8=True)
