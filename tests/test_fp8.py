@@ -157,13 +157,24 @@ needs_fp8_gpu = pytest.mark.skipif(not _fp8_gpu(), reason="needs a CUDA device o
     [(4680, 1536, 4608), (4680, 8960, 1536), (400, 1024, 8192), (1, 2048, 2560)],  # Wan qkv/MLP, pi0 expert
 )
 def test_cuda_row_wise_fp8_matmul_within_the_stated_error(rows, k, n):
+    _check_cuda(rows, k, n, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_fp8_gpu
+def test_cuda_float32_activations_work_too():
+    """pi0-tiny and world-tiny run float32 on CUDA by default: FP8 must accept their activations."""
+    _check_cuda(100, 64, 192, torch.float32)
+
+
+def _check_cuda(rows: int, k: int, n: int, dtype: torch.dtype) -> None:
     torch.manual_seed(4)
-    linear = _random_linear(k, n, True, torch.bfloat16, device="cuda")
+    linear = _random_linear(k, n, True, dtype, device="cuda")
     fp8 = Fp8Linear.from_linear(linear)
-    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, k, device="cuda", dtype=dtype)
     with torch.no_grad():
         y = fp8(x)
-    assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
+    assert y.dtype == dtype and y.shape == (rows, n)
     assert _rel(y, _reference(linear, x)) < REL_ERR
 
 

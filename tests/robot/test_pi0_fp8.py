@@ -6,6 +6,8 @@ over 10 flow steps through 2 prefix and 2 expert layers).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from torch import nn
 
 from models.fp8 import Fp8Linear
 from models.policy.examples import libero
-from models.policy.pi0_tiny import Pi0TinyPolicy
+from models.policy.pi0_tiny import Pi0TinyConfig, Pi0TinyPolicy
 from realtime.config import RobotConfig
 from realtime.kinds.robot import build_policy
 
@@ -69,12 +71,13 @@ def test_the_robot_kind_passes_robot_fp8_to_the_build():
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs CUDA sm89+"
 )
 def test_cuda_graphs_replay_the_fp8_policy(policies):
-    """The warm-up captures the whole FP8 forward as CUDA graphs; replays match the CPU policy."""
-    policy = Pi0TinyPolicy(device="cuda", fp8=True)
+    """The warm-up captures the whole FP8 forward (bf16, as pi0-shaped runs) as CUDA graphs;
+    replays match the CPU policy."""
+    policy = Pi0TinyPolicy(replace(Pi0TinyConfig(), dtype="bfloat16"), device="cuda", fp8=True)
     policy.warmup(2)
     assert policy.graphs is not None
     items = [libero(seed) for seed in range(2)]
     got = policy.infer([policy.prepare(o) for o in items], [None] * 2)
     want = policies[1].infer([policies[1].prepare(o) for o in items], [None] * 2)
     for g, w in zip(got, want, strict=True):
-        assert _rel(g, w) < 0.06
+        assert _rel(g, w) < 0.08  # bf16 activations add their own rounding to FP8's
