@@ -273,7 +273,7 @@ class VllmLlmStage:
                         self._note(session_id, usage)
                         if completion.text:
                             chunk = reply.push(completion.text)
-                            pace.spoke = pace.spoke or bool(chunk.clauses)
+                            pace.emitted(chunk.clauses)
                             yield chunk
                             if reply.complete:  # a forced call is done: nothing after it is wanted
                                 break

@@ -22,28 +22,51 @@ from dataclasses import dataclass
 RECHECK_S = 0.05  # a waiting relaxed step re-evaluates its urgency this often (its lead shrinks)
 
 
+DEFAULT_CHARS_PER_S = 15.0  # speech rate assumed for text not yet voiced, before a response's first audio
+
+
 class PlaybackClock:
     """One response's audio as the client plays it; thread-safe (the kind writes, a worker reads).
 
-    ``sent(seconds)`` records audio sent; playback starts at the first ``sent`` and runs in real
-    time, stalling (not counted) when it catches up with what was sent.
+    ``sent(seconds, chars)`` records audio sent and how many characters of clause text it voices;
+    playback starts at the first ``sent`` and runs in real time, stalling (not counted) when it
+    catches up with what was sent. ``queued(chars)`` records clause text handed to the TTS and
+    not voiced yet: when the TTS falls behind (a loaded box), the text waiting for it is lead
+    too, or the LLM would run on and the audio arrive later in one burst far ahead of playback.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self._ends_at: float | None = None  # when the audio sent so far has played out
+        self._queued_chars = 0
+        self._voiced_chars = 0
+        self._sent_s = 0.0
 
-    def sent(self, seconds: float) -> None:
+    def queued(self, chars: int) -> None:
+        with self._lock:
+            self._queued_chars += chars
+
+    def sent(self, seconds: float, chars: int = 0) -> None:
         now = self._clock()
         with self._lock:
             self._ends_at = max(self._ends_at or now, now) + seconds
+            self._sent_s += seconds
+            self._voiced_chars += chars
 
     def lead_s(self) -> float:
         """Sent audio not yet played (0 before the first audio and after a stall)."""
         with self._lock:
             ends_at = self._ends_at
         return 0.0 if ends_at is None else max(0.0, ends_at - self._clock())
+
+    def pending_s(self) -> float:
+        """Queued text not voiced yet, in seconds at this response's own speech rate so far
+        (:data:`DEFAULT_CHARS_PER_S` before its first voiced text)."""
+        with self._lock:
+            pending = self._queued_chars - self._voiced_chars
+            rate = self._voiced_chars / self._sent_s if self._voiced_chars and self._sent_s else 0.0
+        return max(0, pending) / (rate or DEFAULT_CHARS_PER_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,17 +122,29 @@ class ReplyPace:
             return FIRST
         return BEHIND if lead < self.policy.urgent_lead_s else RELAXED
 
+    def emitted(self, clauses: tuple[str, ...]) -> None:
+        """The reply completed ``clauses`` (handed to the TTS): the first makes it ``spoke``, and
+        their text is queued on the clock until the kind reports it voiced."""
+        if clauses:
+            self.spoke = True
+            if self.clock is not None:
+                self.clock.queued(sum(len(c) for c in clauses))
+
+    def _lead_s(self) -> float:
+        assert self.clock is not None
+        return self.clock.lead_s() + self.clock.pending_s()
+
     def ahead(self) -> bool:
-        """The lead reached ``max_lead_s`` (after the first clause; never when pacing is off)."""
+        """The lead (sent audio not played plus queued text not voiced) reached ``max_lead_s``
+        (after the first clause; never when pacing is off)."""
         if self.clock is None or not self.policy.max_lead_s or not self.spoke:
             return False
-        return self.clock.lead_s() >= self.policy.max_lead_s
+        return self._lead_s() >= self.policy.max_lead_s
 
     def wait(self, stop: threading.Event) -> None:
         """Sleep while the lead is at least ``max_lead_s`` (returns early once ``stop`` is set)."""
         while self.ahead() and not stop.is_set():
-            assert self.clock is not None
-            stop.wait(self.clock.lead_s() - self.policy.max_lead_s + RECHECK_S)
+            stop.wait(max(self._lead_s() - self.policy.max_lead_s, 0.0) + RECHECK_S)
 
 
 class StepGate:

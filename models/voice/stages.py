@@ -420,7 +420,7 @@ class TransformersLlmStage:
                 if piece is None:
                     break
                 chunk = reply.push(piece)
-                pace.spoke = pace.spoke or bool(chunk.clauses)
+                pace.emitted(chunk.clauses)
                 self.gate.update(pace)
                 put(chunk)
                 if reply.complete:
@@ -449,6 +449,7 @@ class SpeechChunk:
     sample_rate: int = TTS_RATE
     usage: ChatUsage | None = None
     calls: tuple[ToolEvent, ...] = ()
+    voiced_chars: int = 0  # characters of the clauses ``audio`` speaks (the playback clock's)
 
 
 class TtsStage:
@@ -469,4 +470,5 @@ class TtsStage:
             audio = np.concatenate([self.tts.synthesize(c, speed=chunk.speed) for c in chunk.clauses])
             if chunk.sample_rate != self.tts.sample_rate:
                 audio = soxr.resample(audio, self.tts.sample_rate, chunk.sample_rate).astype(np.float32)
-        return SpeechChunk(chunk.text, audio, chunk.sample_rate, chunk.usage, chunk.calls)
+        voiced = sum(len(c) for c in chunk.clauses)
+        return SpeechChunk(chunk.text, audio, chunk.sample_rate, chunk.usage, chunk.calls, voiced)

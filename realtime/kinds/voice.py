@@ -1003,8 +1003,8 @@ class _VoiceHandler:
                     usage = speech.usage
                 if frames:
                     await conn.send(*self._render(frames), epoch=epoch)
-                if speech.audio.size and request.playback is not None:
-                    request.playback.sent(speech.audio.size / fmt.sample_rate)
+                if (speech.audio.size or speech.voiced_chars) and request.playback is not None:
+                    request.playback.sent(speech.audio.size / fmt.sample_rate, speech.voiced_chars)
         except TickSupersededError:
             return finished(None)  # cancelled: the runner knows why
         except SessionError as exc:

@@ -40,6 +40,25 @@ def test_the_lead_is_sent_audio_not_yet_played_and_a_stall_is_not_credited():
     assert clock.lead_s() == pytest.approx(1.0)
 
 
+def test_text_queued_for_the_tts_and_not_voiced_yet_is_lead_at_the_responses_own_speech_rate():
+    t = FakeTime()
+    clock = PlaybackClock(t)
+    pace = ReplyPace(PacingPolicy(max_lead_s=4.0, urgent_lead_s=1.0), clock)
+    pace.emitted(("x" * 45,))  # a clause handed to the TTS, no audio yet: 3 s at 15 chars/s
+    assert pace.spoke and clock.lead_s() == 0.0 and clock.pending_s() == pytest.approx(3.0)
+    assert not pace.ahead()
+    pace.emitted(("y" * 30,))  # 5 s of text waiting for a TTS that fell behind: generation waits
+    assert pace.ahead()
+    clock.sent(1.5, chars=45)  # the first clause voiced: this voice speaks 30 chars/s
+    assert clock.pending_s() == pytest.approx(1.0) and clock.lead_s() == pytest.approx(1.5)
+    assert not pace.ahead()  # 2.5 s in all
+    assert pace.level() == RELAXED  # urgency counts the audio the listener has, not text in flight
+    t.now += 1.4
+    assert pace.level() == BEHIND
+    clock.sent(1.0, chars=30)
+    assert clock.pending_s() == 0.0
+
+
 def test_a_reply_sleeps_while_its_lead_is_at_the_maximum_and_not_before_its_first_clause():
     clock = PlaybackClock()
     pace = ReplyPace(PacingPolicy(max_lead_s=0.2, urgent_lead_s=0.05), clock)
@@ -185,7 +204,7 @@ async def consume(stage: TransformersLlmStage, session: str, clock: PlaybackCloc
     async for chunk in stage.stream(item):
         clauses += len(chunk.clauses)
         if clock is not None and chunk.clauses:
-            clock.sent(clause_s * len(chunk.clauses))
+            clock.sent(clause_s * len(chunk.clauses), sum(len(c) for c in chunk.clauses))
     return clauses
 
 
