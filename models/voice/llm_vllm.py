@@ -142,8 +142,8 @@ class VllmChat:
         )
 
     def sampling(self, request: ChatRequest, max_tokens: int | None = None) -> Any:
-        """The request's ``SamplingParams``: text deltas (``DELTA``), detokenized incrementally by
-        vLLM. A forced call (``request.choices``) is constrained to start with one of the choices
+        """The request's ``SamplingParams``: token deltas (``DELTA``), not detokenized by vLLM
+        (the stage does it across a paced reply's requests, :class:`ReplyDetokenizer`). A forced call (``request.choices``) is constrained to start with one of the choices
         (vLLM structured outputs, a regex), free after it: greedy there, as the transformers
         backend's constrained decoding. ``max_tokens``: the request's ``max_new_tokens`` unless given
         (a resumed reply's remaining budget)."""
@@ -157,7 +157,7 @@ class VllmChat:
             temperature=0.0 if greedy else request.temperature,
             top_p=1.0 if greedy else self.top_p,
             output_kind=self._vllm.sampling_params.RequestOutputKind.DELTA,
-            skip_special_tokens=True,
+            detokenize=False,
             structured_outputs=constrained,
         )
 
@@ -173,6 +173,30 @@ class VllmChat:
             engine.shutdown()
             del engine
             gc.collect()
+
+
+class ReplyDetokenizer:
+    """A reply's text from its token ids, across the engine requests a paced reply is split into.
+
+    vLLM detokenizes each request on its own, and a continuation whose prompt ends inside a
+    multi-byte character (a byte-level BPE splits one over several tokens) made its first text
+    delta start with the prompt's own text (seen in ``tests/voice/test_llm_vllm.py``: the system
+    prompt came back as reply text). So the stage decodes the reply's whole token list itself and
+    hands out what is new, holding back a trailing incomplete character until it completes.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.emitted = ""
+
+    def push(self, tokens: list[int], final: bool = False) -> str:
+        """The text ``tokens`` (the whole reply so far) adds to what was handed out; ``final``
+        hands out a held-back incomplete character too."""
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if (text.endswith("\ufffd") and not final) or not text.startswith(self.emitted):
+            return ""
+        delta, self.emitted = text[len(self.emitted) :], text
+        return delta
 
 
 class VllmLlmStage:
@@ -252,6 +276,7 @@ class VllmLlmStage:
         pace = ReplyPace(self.pacing, request.playback if request.speak else None)
         usage = ChatUsage(len(prompt), 0, 0)
         generated: list[int] = []  # the reply's tokens so far: a resumed request continues them
+        detok = ReplyDetokenizer(self.chat.tokenizer)
         try:
             for part in itertools.count():
                 if part:  # paused: resume once the lead is back under the bound (or an abort came)
@@ -271,8 +296,9 @@ class VllmLlmStage:
                         cached = usage.cached_tokens if part else out.num_cached_tokens or usage.cached_tokens
                         usage = ChatUsage(len(prompt), cached, len(generated))
                         self._note(session_id, usage)
-                        if completion.text:
-                            chunk = reply.push(completion.text)
+                        text = detok.push(generated, final=completion.finish_reason is not None)
+                        if text:
+                            chunk = reply.push(text)
                             pace.emitted(chunk.clauses)
                             yield chunk
                             if reply.complete:  # a forced call is done: nothing after it is wanted

@@ -12,6 +12,7 @@ default multiprocess engine) and serves a turn on it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import sys
@@ -340,9 +341,22 @@ async def test_a_paced_reply_ends_its_engine_request_and_continues_it_token_for_
     from models.voice.llm_vllm import VllmLlmStage
     from models.voice.pacing import PacingPolicy, PlaybackClock
 
-    requests = []
+    requests, cached = [], []  # each engine request's id; its (prompt tokens, prefix-cached tokens)
     generate = vllm_chat.generate
-    monkeypatch.setattr(vllm_chat, "generate", lambda p, s, i: requests.append(i) or generate(p, s, i))
+
+    def recording(prompt, params, request_id):
+        requests.append(request_id)
+
+        async def outputs():
+            async with contextlib.aclosing(generate(prompt, params, request_id)) as inner:
+                async for out in inner:
+                    if len(cached) < len(requests):
+                        cached.append((len(prompt), out.num_cached_tokens or 0))
+                    yield out
+
+        return outputs()
+
+    monkeypatch.setattr(vllm_chat, "generate", recording)
     question = ChatMessage("user", "Tell me a long story about a dragon.")
 
     async def reply(stage, session: str, clock: PlaybackClock | None) -> tuple[str, int]:
@@ -353,7 +367,8 @@ async def test_a_paced_reply_ends_its_engine_request_and_continues_it_token_for_
         ):
             text.append(chunk.text)
             if clock is not None and chunk.clauses:
-                clock.sent(1.0 * len(chunk.clauses))  # the kind's part: each clause is 1 s of audio sent
+                # the kind's part: each clause is 1 s of audio sent, voicing the clause's text
+                clock.sent(1.0 * len(chunk.clauses), sum(len(c) for c in chunk.clauses))
         stage.release_state(session, 3, None)
         return "".join(text), chunk.usage.generated_tokens
 
@@ -365,4 +380,26 @@ async def test_a_paced_reply_ends_its_engine_request_and_continues_it_token_for_
     paced, paced_tokens = await reply(paced_stage, "s-paced", PlaybackClock())
     assert len(requests) > 2  # the reply paused (its first clause alone is 1 s ahead) ...
     assert (paced, paced_tokens) == (unpaced, tokens)  # ... and continued exactly where it stopped
+    # every continuation's prompt (the question + the reply so far) came from the prefix cache but
+    # for its last partial KV block: a paced reply is not re-prefilled
+    block = vllm_chat.settings.block_size
+    assert all(p > 2 * block and c >= (p - 1) // block * block for p, c in cached[2:]), (block, cached)
     assert await _unfinished_drops_to_zero(vllm_chat) == 0
+
+
+def test_the_reply_text_is_decoded_from_all_its_tokens_and_an_incomplete_character_waits(tiny_model):
+    from transformers import AutoTokenizer
+
+    from models.voice.llm_vllm import ReplyDetokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    text = "A dragon \u00e9t\u00e9 \U0001f409 flew; the knight said \u201cno\u201d."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok, pieces = ReplyDetokenizer(tokenizer), []
+    for n in range(1, len(ids) + 1):  # token by token, as a reply split over any requests arrives
+        pieces.append(detok.push(ids[:n], final=n == len(ids)))
+    assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+    # a reply that ends inside a character hands the replacement character out at the end only
+    cut = next(n for n in range(1, len(ids)) if tokenizer.decode(ids[:n]).endswith("\ufffd"))
+    held = ReplyDetokenizer(tokenizer)
+    assert "\ufffd" not in held.push(ids[:cut]) and held.push(ids[:cut], final=True).endswith("\ufffd")
