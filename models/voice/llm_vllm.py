@@ -181,22 +181,26 @@ class ReplyDetokenizer:
     vLLM detokenizes each request on its own, and a continuation whose prompt ends inside a
     multi-byte character (a byte-level BPE splits one over several tokens) made its first text
     delta start with the prompt's own text (seen in ``tests/voice/test_llm_vllm.py``: the system
-    prompt came back as reply text). So the stage decodes the reply's whole token list itself and
-    hands out what is new, holding back a trailing incomplete character until it completes.
+    prompt came back as reply text). So the stage detokenizes the reply's token list itself,
+    incrementally as vLLM does within one request: each call decodes only the tokens since the
+    text last handed out, with the tokens before them as context (so a SentencePiece leading
+    space comes out right), and a trailing incomplete character waits until it completes.
     """
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.emitted = ""
+        self._prefix = 0  # first context token of the window
+        self._read = 0  # the tokens before this one are handed out as text
 
     def push(self, tokens: list[int], final: bool = False) -> str:
         """The text ``tokens`` (the whole reply so far) adds to what was handed out; ``final``
         hands out a held-back incomplete character too."""
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if (text.endswith("\ufffd") and not final) or not text.startswith(self.emitted):
+        done = self.tokenizer.decode(tokens[self._prefix : self._read], skip_special_tokens=True)
+        text = self.tokenizer.decode(tokens[self._prefix :], skip_special_tokens=True)
+        if len(text) <= len(done) or (text.endswith("\ufffd") and not final):
             return ""
-        delta, self.emitted = text[len(self.emitted) :], text
-        return delta
+        self._prefix, self._read = self._read, len(tokens)
+        return text[len(done) :]
 
 
 class VllmLlmStage:
