@@ -7,8 +7,9 @@ The interface the runtime drives (through the stage engine, on a worker thread):
   seed, next block index);
 - ``generate(ticks)``: one latent block for each of several sessions in one batched forward
   (staged denoise passes + committing clean pass; with start frames in the weights, a session's
-  first block begins from the one its prompt and seed choose, ``start_frames.py``); ``decode(session_ids, latents)``: their frames
-  (``uint8 [frames, H, W, 3]``; a session's first block gives ``1 + 4(n-1)`` frames, then ``4n``).
+  first block begins from the one its prompt and seed choose, ``start_frames.py``);
+  ``decode(session_ids, latents)``: their frames (``uint8 [frames, H, W, 3]``; a session's first
+  block gives ``1 + 4(n-1)`` frames, then ``4n``).
 
 Both are transactional per call, and so is ``step`` (``generate`` + ``decode``, the engine's tick):
 nothing of a session (KV, cross KV, prompt, block counter, decoder cache) changes unless the whole
