@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.fp8 import convert_linears
+from models.world.attention import attend, splits_for
 from models.world.configs import WorldModelConfig
 
 KV = tuple[Tensor, Tensor]  # [B, N, heads, head_dim] each
@@ -116,8 +117,9 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.dim, cfg.dim)
 
     def forward(
-        self, x: Tensor, angles: tuple[Tensor, Tensor], mask: Tensor | None, past: KV | None
+        self, x: Tensor, angles: tuple[Tensor, Tensor], mask: Tensor | None, past: KV | None, splits: int = 1
     ) -> tuple[Tensor, KV]:
+        """``splits``: parts to split the keys into (``models.world.attention``; 1 = one SDPA call)."""
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).unbind(2)
         q = apply_rope(self.q_norm(q), angles)
@@ -128,9 +130,7 @@ class SelfAttention(nn.Module):
             keys, values = past
             keys[:, -n:] = k
             values[:, -n:] = v
-        y = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask
-        )
+        y = attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask, splits)
         return self.out(y.transpose(1, 2).reshape(b, n, d)), (k, v)
 
 
@@ -176,9 +176,11 @@ class DiTBlock(nn.Module):
         mask: Tensor | None,
         cross_kv: KV,
         past: KV | None,
+        splits: int = 1,
     ) -> tuple[Tensor, KV]:
         """``x [B, F*T, D]`` frame-major tokens; ``cond [B, F, D]`` one conditioning per frame: the
-        adaLN modulation is computed per frame and broadcast over the frame's tokens."""
+        adaLN modulation is computed per frame and broadcast over the frame's tokens. ``splits``:
+        the self-attention's key split (``models.world.attention``)."""
         b, f = cond.shape[:2]
         mods = self.modulation(F.silu(cond))[:, :, None, :].chunk(6, dim=-1)  # each [B, F, 1, D]
         shift1, scale1, gate1, shift2, scale2, gate2 = mods
@@ -187,7 +189,7 @@ class DiTBlock(nn.Module):
             return t.view(b, f, -1, t.shape[-1])
 
         h = torch.addcmul(shift1, per_frame(self.norm1(x)), 1 + scale1).view_as(x)
-        h, kv = self.attn(h, angles, mask, past)
+        h, kv = self.attn(h, angles, mask, past, splits)
         x = torch.addcmul(per_frame(x), gate1, per_frame(h)).view_as(x)
         x = x + self.cross(self.norm_cross(x), cross_kv)
         h = torch.addcmul(shift2, per_frame(self.norm2(x)), 1 + scale2).view_as(x)
@@ -285,6 +287,10 @@ class CausalDiT(nn.Module):
         cond = self.time_embed(timestep_embedding(sigma, 256)) + self.action_embed(actions)  # [B, F, D]
         positions = frame_pos.repeat_interleave(tpf, dim=1)
         angles = rope_angles(positions, self.cfg.head_dim, self.cfg.rope_theta, tokens.dtype)
+        keys = f * tpf if past is None else past[0][0].shape[1]
+        splits = splits_for(x.device, b, self.cfg.heads, f * tpf, keys, mask is not None)
+        if self.compiled and b > 1:  # batches of 2+ share one graph: one split for all their sizes
+            splits = 1
         batch = (0,) if b > 1 else ()
         if self.compiled:
             _mark_dynamic(batch, cond, *angles)
@@ -295,7 +301,7 @@ class CausalDiT(nn.Module):
             if self.compiled:
                 _mark_dynamic(batch, tokens, *cross_kv[i])
                 _mark_dynamic((*batch, 1), *(layer_past or ()))
-            tokens, kv = blk(tokens, cond, angles, mask, cross_kv[i], layer_past)
+            tokens, kv = blk(tokens, cond, angles, mask, cross_kv[i], layer_past, splits)
             new_kv.append(kv)
         shift, scale = self.mod_out(F.silu(cond))[:, :, None, :].chunk(2, dim=-1)
         out = torch.addcmul(shift, self.norm_out(tokens).view(b, f, tpf, -1), 1 + scale).view_as(tokens)

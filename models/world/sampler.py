@@ -31,10 +31,27 @@ from models.world.dit import KV, CausalDiT, block_causal_mask
 from models.world.kv_cache import KVPool
 
 
-def block_noise(seed: int, block: int, step: int, shape: Sequence[int], like: Tensor) -> Tensor:
+def block_noise(seed: int, block: int, step: int, shape: Sequence[int]) -> Tensor:
     """Deterministic noise for (seed, block, denoise step), drawn on CPU in float32."""
     g = torch.Generator().manual_seed((seed * 1_000_003 + block * 1009 + step) % (2**63 - 1))
-    return torch.randn(tuple(shape), generator=g).to(dtype=like.dtype, device=like.device)
+    return torch.randn(tuple(shape), generator=g)
+
+
+def to_device(t: Tensor, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """CPU ``t`` on ``like``'s device (in ``dtype``, default ``like``'s) without the host waiting
+    for the device: from pinned memory on CUDA (a pageable copy waits for the stream to drain,
+    which would idle the GPU between a block's passes while the next pass is launched)."""
+    t = t.to(like.dtype if dtype is None else dtype)
+    if like.device.type == "cuda":
+        return t.pin_memory().to(like.device, non_blocking=True)
+    return t.to(like.device)
+
+
+def block_noises(reqs: Sequence[BlockRequest], steps: int, shape: Sequence[int], like: Tensor) -> Tensor:
+    """Every denoise step's noise of a batch, ``[steps, B, *shape]`` on ``like``'s device in one
+    copy (:func:`block_noise` per request and step)."""
+    noise = [torch.stack([block_noise(r.seed, r.block, i, shape) for r in reqs]) for i in range(steps)]
+    return to_device(torch.stack(noise), like)
 
 
 @dataclass(frozen=True)
@@ -69,8 +86,8 @@ class FlowSampler:
         starts = [r.block * fpb for r in reqs]
         pos = torch.tensor([[s + j for j in range(fpb)] for s in starts], dtype=torch.long)
         p = self.pool.k
-        actions = torch.stack([r.actions.to(p.dtype) for r in reqs]).to(p.device)
-        return ids, starts, pos.to(p.device), actions
+        actions = to_device(torch.stack([r.actions for r in reqs]), p)
+        return ids, starts, to_device(pos, p, torch.long), actions
 
     @torch.no_grad()
     def denoise(
@@ -90,16 +107,15 @@ class FlowSampler:
             ]
         shape = (fpb, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
         like = self.pool.k
-        x = torch.stack([block_noise(r.seed, r.block, 0, shape, like) for r in reqs])
-        x0 = x
+        noise = block_noises(reqs, len(cfg.sigmas), shape, like)
+        x = x0 = noise[0]
         for i, s in enumerate(cfg.sigmas):
             sigma = torch.full((b, fpb), s, dtype=like.dtype, device=like.device)
             x0, _ = self.dit(x, pos, sigma, actions, cross, mask, past)
             x0 = pin_starts(reqs, x0)
             if i + 1 < len(cfg.sigmas):
                 nxt = cfg.sigmas[i + 1]
-                noise = torch.stack([block_noise(r.seed, r.block, i + 1, shape, like) for r in reqs])
-                x = (1 - nxt) * x0 + nxt * noise
+                x = (1 - nxt) * x0 + nxt * noise[i + 1]
         return x0, past, mask
 
     @torch.no_grad()
@@ -172,13 +188,12 @@ def recompute_generate(
     cfg = dit.cfg
     shape = (cfg.frames_per_block, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
     block = reqs[0].block
-    x = torch.stack([block_noise(r.seed, r.block, 0, shape, history) for r in reqs])
+    noise = block_noises(reqs, len(cfg.sigmas), shape, history)
     actions = torch.stack([r.actions for r in reqs]).to(history)
-    x0 = x
+    x = x0 = noise[0]
     for i, s in enumerate(cfg.sigmas):
         x0 = recompute_x0(dit, history, history_pos, history_actions, x, block, s, actions, cross)
         if i + 1 < len(cfg.sigmas):
             nxt = cfg.sigmas[i + 1]
-            noise = torch.stack([block_noise(r.seed, r.block, i + 1, shape, history) for r in reqs])
-            x = (1 - nxt) * x0 + nxt * noise
+            x = (1 - nxt) * x0 + nxt * noise[i + 1]
     return x0

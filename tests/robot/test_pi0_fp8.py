@@ -72,12 +72,13 @@ def test_the_robot_kind_passes_robot_fp8_to_the_build():
 )
 def test_cuda_graphs_replay_the_fp8_policy(policies):
     """The warm-up captures the whole FP8 forward (bf16, as pi0-shaped runs) as CUDA graphs;
-    replays match the CPU policy."""
+    replays match the full-precision CPU policy (not the CPU FP8 one: row-wise ``_scaled_mm`` on
+    the CPU needs torch >= 2.13, the device machine has 2.11)."""
     policy = Pi0TinyPolicy(replace(Pi0TinyConfig(), dtype="bfloat16"), device="cuda", fp8=True)
     policy.warmup(2)
     assert policy.graphs is not None
     items = [libero(seed) for seed in range(2)]
     got = policy.infer([policy.prepare(o) for o in items], [None] * 2)
-    want = policies[1].infer([policies[1].prepare(o) for o in items], [None] * 2)
+    want = policies[0].infer([policies[0].prepare(o) for o in items], [None] * 2)
     for g, w in zip(got, want, strict=True):
-        assert _rel(g, w) < 0.08  # bf16 activations add their own rounding to FP8's
+        assert _rel(g, w) < 0.1  # FP8's ~2 % plus bf16 activations' own rounding

@@ -1,0 +1,96 @@
+"""``models.world.attention``: the key split that fills the GPU's waves, and its exact merge."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.world import dit as dit_module
+from models.world.attention import attend, key_splits, split_key_attention, wave_fill
+from models.world.configs import TEST
+from models.world.model import WorldModel, WorldTick
+from tests.world.helpers import action
+
+H200_SMS = 132
+
+
+def _dit_layout(b: int, n: int, h: int, d: int, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """``[B, H, N, D]`` viewed over ``[B, N, H, D]`` memory, as the DiT passes q, k and v."""
+    return torch.randn(b, n, h, d, dtype=dtype, device=device).transpose(1, 2)
+
+
+def test_wave_fill():
+    assert wave_fill(132, H200_SMS) == 1.0
+    assert wave_fill(444, H200_SMS) == pytest.approx(444 / 528)
+    assert wave_fill(888, H200_SMS) == pytest.approx(888 / 924)
+
+
+def test_one_wan_session_splits_its_keys_and_batches_do_not():
+    """Wan-1.3B (12 heads, 4,680 queries per block): 444 tiles fill 84 % of 4 waves, 888 fill
+    96 % of 7. Batches of 2 to 8 sessions already fill >= 96 % (but 3: 92 %, split 96 %, under
+    the gain that pays for the merge)."""
+    keys = 18 * 1560
+    assert key_splits(1, 12, 4680, keys, H200_SMS) == 2
+    assert key_splits(1, 12, 4680, 4680, H200_SMS) == 2  # a first block, no past
+    assert [key_splits(b, 12, 4680, keys, H200_SMS) for b in range(2, 9)] == [1] * 7
+    assert key_splits(1, 12, 4680, keys + 1, H200_SMS) == 1  # keys must halve evenly
+    assert key_splits(1, 2, 64, 128, H200_SMS) == 1  # under one wave: nothing to fill
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+@pytest.mark.parametrize("keys", [96, 240])
+def test_split_attention_equals_one_call(splits, keys):
+    q, k, v = _dit_layout(2, 40, 4, 32), _dit_layout(2, keys, 4, 32), _dit_layout(2, keys, 4, 32)
+    want = F.scaled_dot_product_attention(q, k, v)
+    got = split_key_attention(q, k, v, splits)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_split_refuses_a_mask():
+    q = _dit_layout(1, 8, 2, 16)
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
+    torch.testing.assert_close(attend(q, q, q, mask), F.scaled_dot_product_attention(q, q, q, attn_mask=mask))
+    with pytest.raises(ValueError, match="mask"):
+        attend(q, q, q, mask, splits=2)
+
+
+def test_the_dit_with_split_keys_renders_the_same_blocks(monkeypatch):
+    """The DiT passes its split to every block: forcing 2 (as on an H200) changes no block's x0
+    or committed keys beyond float rounding, through a filling window and the steady state."""
+
+    def run() -> tuple[list[torch.Tensor], torch.Tensor]:
+        model = WorldModel.build(TEST, slots=1, dtype=torch.float32)
+        torch.manual_seed(0)
+        for p in model.dit.parameters():
+            p.data.normal_(0, 0.2)
+        model.open("s", seed=3)
+        x0 = [model.generate([WorldTick("s", b, "a maze", action(b))]) for b in range(6)]
+        return x0, model.pool.k.clone()
+
+    want_x0, want_k = run()
+    seen: list[int] = []
+
+    def forced(*args) -> int:
+        seen.append(2)
+        return 2
+
+    monkeypatch.setattr(dit_module, "splits_for", forced)
+    got_x0, got_k = run()
+    assert len(seen) >= 6 * (len(TEST.sigmas) + 1)  # every pass of every block split
+    for g, w in zip(got_x0, want_x0, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_k, want_k, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cudnn_split_at_the_wan_shape_matches_sdpa():
+    """The CUDA path (cuDNN's kernel with its log-sum-exp) at one Wan-1.3B session's steady
+    shape, bf16: the split output within bf16 rounding of SDPA's."""
+    q = _dit_layout(1, 4680, 12, 128, torch.bfloat16, "cuda")
+    k, v = (_dit_layout(1, 18 * 1560, 12, 128, torch.bfloat16, "cuda") for _ in range(2))
+    want = F.scaled_dot_product_attention(q, k, v)
+    got = split_key_attention(q, k, v, 2)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-3)
