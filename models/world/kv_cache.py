@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from models.transfer import to_device
 from models.world.configs import WorldModelConfig
 from models.world.dit import KV
 
@@ -200,7 +201,7 @@ class KVPool:
         mask = (
             None
             if bool(visible.all())
-            else visible.repeat_interleave(g.tokens_per_frame, dim=1).to(self.k.device)
+            else to_device(visible.repeat_interleave(g.tokens_per_frame, dim=1), self.k, torch.bool)
         )
         length = visible.shape[1] * g.tokens_per_frame
         past = []
@@ -227,13 +228,13 @@ class KVPool:
 
     def set_cross(self, sessions: Sequence[str], kv: list[KV]) -> None:
         """Store each session's prompt cross-attention K/V (``[B, L, H, D]`` per layer)."""
-        idx = torch.tensor(self.slot_ids(sessions), dtype=torch.long, device=self.k.device)
+        idx = to_device(torch.tensor(self.slot_ids(sessions)), self.k, torch.long)
         for layer, (k, v) in enumerate(kv):
             self.cross_k[layer, idx] = k
             self.cross_v[layer, idx] = v
 
     def cross(self, sessions: Sequence[str]) -> list[KV]:
-        idx = torch.tensor(self.slot_ids(sessions), dtype=torch.long, device=self.k.device)
+        idx = to_device(torch.tensor(self.slot_ids(sessions)), self.k, torch.long)
         return [(self.cross_k[layer, idx], self.cross_v[layer, idx]) for layer in range(self.geometry.layers)]
 
     def snapshot(self, session_id: str) -> tuple[Tensor, ...]:

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from models.transfer import to_device
 from models.world.configs import WorldModelConfig, load_model_weights, read_config
 from models.world.dit import CausalDiT
 from models.world.kv_cache import KVGeometry, KVPool
@@ -185,7 +186,7 @@ class WorldModel:
         if changed:
             tokens = torch.stack([tokenize(ticks[i].prompt, cfg) for i in changed]).to(self.pool.k.device)
             fresh = self.dit.cross_kv(tokens)
-            index = torch.tensor(changed, device=self.pool.k.device)
+            index = to_device(torch.tensor(changed), self.pool.k, torch.long)
             cross = [
                 (k.index_copy(0, index, fk), v.index_copy(0, index, fv))
                 for (k, v), (fk, fv) in zip(cross, fresh, strict=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from models.transfer import to_device
 from models.world.dit import KV, CausalDiT, block_causal_mask
 from models.world.kv_cache import KVPool
 
@@ -35,16 +36,6 @@ def block_noise(seed: int, block: int, step: int, shape: Sequence[int]) -> Tenso
     """Deterministic noise for (seed, block, denoise step), drawn on CPU in float32."""
     g = torch.Generator().manual_seed((seed * 1_000_003 + block * 1009 + step) % (2**63 - 1))
     return torch.randn(tuple(shape), generator=g)
-
-
-def to_device(t: Tensor, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-    """CPU ``t`` on ``like``'s device (in ``dtype``, default ``like``'s) without the host waiting
-    for the device: from pinned memory on CUDA (a pageable copy waits for the stream to drain,
-    which would idle the GPU between a block's passes while the next pass is launched)."""
-    t = t.to(like.dtype if dtype is None else dtype)
-    if like.device.type == "cuda":
-        return t.pin_memory().to(like.device, non_blocking=True)
-    return t.to(like.device)
 
 
 def block_noises(reqs: Sequence[BlockRequest], steps: int, shape: Sequence[int], like: Tensor) -> Tensor:

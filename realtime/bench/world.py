@@ -26,8 +26,9 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    world kind (compute admission off), ``n`` = 1, 2, 4, 8 websocket clients at once, each a
    ``fast``-paced JPEG session read as fast as it arrives: time to first frame (``session.start``
    sent -> first frame received, p50 over the clients of ``n`` = 1 runs), frames per second per
-   session and aggregate over ``--e2e-seconds`` after a warm-up (``--e2e-warmup-s``, and at least
-   until every session's window is full: the steady state), batched (``world.max_batch`` 8)
+   session (between its first and last chunk of the window: ``E2ESession.fps_in``) and their sum,
+   over ``--e2e-seconds`` after a warm-up (``--e2e-warmup-s``, and at least until every
+   session's window is full: the steady state), batched (``world.max_batch`` 8)
    vs time-sliced (``max_batch`` 1); DiT model-FLOPs utilisation = the DiT's FLOPs per block
    (counted by ``torch.utils.flop_counter`` on one steady-state block) x blocks per second of one
    session / the device's dense bf16 peak (``--peak-tflops``, 989 for an H200). Its JSON keys:
@@ -358,8 +359,15 @@ class E2ESession:
     ttff_s: float = float("nan")
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (time.monotonic(), frames)
 
-    def frames_in(self, start: float, end: float) -> int:
-        return sum(frames for at, frames in self.arrivals if start <= at < end)
+    def fps_in(self, start: float, end: float) -> float:
+        """Frames per second between the first and the last chunk that arrived in ``[start,
+        end)``: the frames of every chunk after the first over the time between them (0 under two
+        chunks). Unlike frames counted in the window, it does not move in steps of one chunk
+        (12 frames in 10 s = 1.2 fps)."""
+        inside = [(at, frames) for at, frames in self.arrivals if start <= at < end]
+        if len(inside) < 2:
+            return 0.0
+        return sum(frames for _, frames in inside[1:]) / (inside[-1][0] - inside[0][0])
 
 
 @dataclass
@@ -472,8 +480,7 @@ def e2e_section(args) -> dict[str, object]:
                     _e2e_run(url, n, args.fps, args.e2e_warmup_s, args.e2e_seconds, steady)
                 )
                 assert window.start is not None and window.end is not None
-                frames = sum(r.frames_in(window.start, window.end) for r in runs)
-                figures[mode][str(n)] = round(frames / args.e2e_seconds, 2)
+                figures[mode][str(n)] = round(sum(r.fps_in(window.start, window.end) for r in runs), 2)
                 print(f"  {mode}, {n} sessions: measured {window.start - t0:.1f}-{window.end - t0:.1f} s "
                       f"after the start (every window full from block {steady})")  # fmt: skip
                 stage_ms[mode][str(n)] = world_stages.breakdown(before, world_stages.scrape(http))

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from realtime.bench import world
+from realtime.bench.world import E2ESession
 from realtime.kinds.world_timing import STAGES
 
 
@@ -28,3 +31,9 @@ def test_e2e_section_reports_fps_ttff_aggregate_mfu_and_stage_breakdown(capsys):
                 assert stages["p50"][stage] is not None and stages["max"][stage] >= stages["p50"][stage]
                 assert stages["first_block"][stage] is not None
     assert any(line.strip().startswith("denoise") for line in out)  # the printed breakdown
+
+
+def test_session_fps_runs_from_its_first_to_its_last_chunk_in_the_window():
+    session = E2ESession(arrivals=[(9.9, 12), (10.0, 12), (10.4, 12), (10.8, 12), (11.2, 12), (12.1, 12)])
+    assert session.fps_in(10.0, 12.0) == pytest.approx(36 / 1.2)  # not 48 frames / 2 s
+    assert session.fps_in(10.0, 10.3) == 0.0  # one chunk: no interval to measure

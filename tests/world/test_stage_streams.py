@@ -52,3 +52,25 @@ def test_staged_frames_equal_the_models_step_with_stage_timings(device):
             assert min(t.denoise_ms, t.clean_ms, t.decode_ms) > 0 and t.d2h_ms >= 0
             if device == "cpu":  # host clocks: the DiT's passes lie inside the stage's forward
                 assert t.denoise_ms + t.clean_ms <= got.forward_ms
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_block_is_queued_without_a_host_wait():
+    """Generating a block (its inputs, noise, gathered past and cross-attention K/V, five
+    passes, the commit) never makes the host wait for the GPU, so the block stage can launch
+    block k + 1 while block k runs: any synchronising call raises under sync debug mode."""
+    model = WorldModel.build(TEST, slots=2, device="cuda", dtype=torch.float32)
+    model.open("s", seed=1)
+    model.open("t", seed=2)
+    act = torch.zeros(TEST.action_dim)
+    for block in range(model.pool.geometry.steady_block + 1):
+        model.generate([WorldTick("s", block, "a maze", act), WorldTick("t", block, "a maze", act)])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        block = model.next_block("s")
+        model.generate([WorldTick("s", block, "a maze", act), WorldTick("t", block, "a maze", act)])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
