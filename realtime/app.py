@@ -56,7 +56,7 @@ from realtime.connections import ConnectionRegistry, DrainResult
 from realtime.demo import demo_routes
 from realtime.kinds import build_kind
 from realtime.kinds.base import ServerContext, SessionKindService
-from realtime.progress import LoadProgress
+from realtime.progress import LoadCancelled, LoadProgress
 from realtime.status import kind_status, server_status
 from realtime.ws import CloseCode, close_quietly
 
@@ -82,17 +82,22 @@ class AppState:
     max_connections: int = 0  # server.max_connections as the server applies it (fd limit)
     _announced: bool = field(default=False, repr=False)
     _load_task: asyncio.Task | None = field(default=None, repr=False)
+    _progress: LoadProgress | None = field(default=None, repr=False)  # of the kind loading now
 
     async def load_all(self) -> None:
         try:
             for kind in self.kinds:
-                progress = LoadProgress(kind.name)
+                progress = self._progress = LoadProgress(kind.name)
                 try:
                     await asyncio.to_thread(kind.load, progress)
                 finally:
                     progress.close()
+                    self._progress = None
                 await kind.start()
                 log.info("session kind ready", extra={"kind": kind.name})
+        except LoadCancelled:  # stop() came first: not a failure
+            log.info("model loading stopped")
+            return
         except Exception as exc:  # any load failure is fatal for serving, never silent
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.exception("model loading failed")
@@ -123,6 +128,8 @@ class AppState:
         )
 
     async def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.cancel()  # the load's thread ends at its next step (LoadProgress)
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

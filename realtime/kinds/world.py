@@ -29,6 +29,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,8 +165,9 @@ class WorldService(KindServiceBase):
         )
         if wc.compile:
             self.model.dit.compile_blocks()
-        progress("warm up and time steps", 2, 3)
-        self.step_seconds = measure_step_seconds(self.model, wc.max_batch)
+        self.step_seconds = measure_step_seconds(
+            self.model, wc.max_batch, on_probe=lambda b: progress(f"warm up and time steps: batch {b}", 2, 3)
+        )
         if wc.compute_admission:
             period_s = cfg.frames_for_block(False) / wc.fps
             paced = paced_capacity(self.step_seconds, period_s, wc.max_batch, wc.compute_utilisation)
@@ -218,7 +220,9 @@ class WorldService(KindServiceBase):
         await self.serve(websocket, _WorldHandler(self, websocket.query_params.get("protocol_version")))
 
 
-def measure_step_seconds(model: WorldModel, max_batch: int, reps: int = 2) -> dict[int, float]:
+def measure_step_seconds(
+    model: WorldModel, max_batch: int, reps: int = 2, on_probe: Callable[[int], None] | None = None
+) -> dict[int, float]:
     """Seconds of one steady-state block step (DiT + decode, the window full) at batch 1, 2, 4,
     ... up to ``max_batch`` (and the pool's slots): the compute side of admission.
 
@@ -227,12 +231,15 @@ def measure_step_seconds(model: WorldModel, max_batch: int, reps: int = 2) -> di
     meets every shape class a session meets (no past, a window filling, the full window, a
     batch mixing phases) at batch 1 and at a batch of 2 or more: with ``world.compile`` these
     are all the graphs there are (``CausalDiT.compile_blocks``), so no session compiles in
-    service."""
+    service. ``on_probe(batch)`` runs before each batch size's probe (the load's progress: with
+    ``world.compile`` each probe may compile for seconds)."""
     sizes = sorted({min(b, max_batch, model.pool.slots) for b in (1, 2, 4, 8, 16, 32, 64, max_batch)})
     action = torch.zeros(model.cfg.action_dim)
     steady = model.pool.geometry.steady_block
     seconds: dict[int, float] = {}
     for b in sizes:
+        if on_probe is not None:
+            on_probe(b)
         ids = [f"probe-{i}" for i in range(b)]
         for sid in ids:
             model.open(sid, seed=0)

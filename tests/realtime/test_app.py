@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import httpx
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from realtime import kinds as kinds_registry
 from realtime.app import create_app
 from realtime.config import config_from_mapping
+from realtime.progress import LoadCancelled, LoadProgress
 from tests.serving import serve_in_process
 
 NO_KINDS = config_from_mapping({"robot": {"enabled": False}, "world": {"enabled": False}})
@@ -77,6 +80,70 @@ async def test_load_failure_is_fatal_and_visible(monkeypatch):
             await asyncio.sleep(0.02)
         assert server.fatal_error == "RuntimeError: weights file is corrupt"
         assert server.should_exit
+
+
+class _LongLoadKind:
+    """A session kind whose load reports a step every 50 ms for 30 s (a GPU compile's shape)."""
+
+    name = "robot"
+
+    def __init__(self) -> None:
+        self.loading = threading.Event()
+        self.left = threading.Event()
+        self.raised: BaseException | None = None
+
+    def routes(self):
+        return []
+
+    def models(self):
+        return []
+
+    def load(self, progress):
+        try:
+            for step in range(600):
+                progress("compile", step, 600)
+                self.loading.set()
+                time.sleep(0.05)
+        except BaseException as exc:
+            self.raised = exc
+            raise
+        finally:
+            self.left.set()
+
+    async def start(self):
+        raise AssertionError("a stopped load never starts its kind")
+
+    async def stop(self):
+        return None
+
+
+async def test_stopping_during_a_long_load_ends_the_load_at_its_next_step(monkeypatch):
+    """Ctrl-C while a kind loads: the server stops at once, and the load's worker thread (which
+    the interpreter would join at exit) leaves at its next progress step, not after 30 s."""
+    import sys
+    import types
+
+    kind = _LongLoadKind()
+    module = types.ModuleType("fake_long_kind")
+    module.build = lambda ctx: kind
+    monkeypatch.setitem(sys.modules, "fake_long_kind", module)
+    monkeypatch.setitem(kinds_registry.KIND_FACTORIES, "robot", "fake_long_kind:build")
+    config = config_from_mapping({"robot": {"enabled": True}})
+    async with serve_in_process(config, ready=False) as (_base, server):
+        assert await asyncio.to_thread(kind.loading.wait, 10)
+        t0 = time.monotonic()
+    assert await asyncio.to_thread(kind.left.wait, 2)
+    assert time.monotonic() - t0 < 2
+    assert isinstance(kind.raised, LoadCancelled)
+    assert not server.fatal_error  # a stop, not a load failure
+
+
+def test_a_cancelled_progress_raises_on_its_next_call():
+    progress = LoadProgress("world", use_bar=False)
+    progress("plan capacity", 0, 3)
+    progress.cancel()
+    with pytest.raises(LoadCancelled, match="loading world stopped at 'load model'"):
+        progress("load model", 1, 3)
 
 
 @pytest.mark.parametrize("path", ["/nope", "/v1/nothing"])
