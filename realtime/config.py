@@ -161,12 +161,18 @@ class WorldConfig:
     compute_admission: bool = True
     compute_utilisation: Fraction = 0.8
     max_prompt_chars: PositiveInt = 2000
-    compile: bool = False  # torch.compile each DiT block (CUDA); every batch size compiles at load
+    compile: bool | Literal["auto"] = "auto"  # torch.compile each DiT block; auto: on CUDA devices
     fp8: bool = False  # DiT block matmuls in FP8 (models/fp8.py; CUDA sm89+, allowed but slower on CPU)
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:
             raise _FieldError(f"{path}.fps", f"must be in min_fps..max_fps ({self.min_fps}..{self.max_fps})")
+
+    @property
+    def compiles(self) -> bool:
+        """``compile`` resolved: ``auto`` compiles on a CUDA device and not on the CPU (where
+        inductor needs a C++ toolchain and the default model gains nothing)."""
+        return self.compile is True or (self.compile == "auto" and self.device.startswith("cuda"))
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ class WorldService(KindServiceBase):
             dtype=_DTYPES[wc.dtype],
             fp8=wc.fp8,
         )
-        if wc.compile:
+        if wc.compiles:
             self.model.dit.compile_blocks()
         self.step_seconds = measure_step_seconds(
             self.model, wc.max_batch, on_probe=lambda b: progress(f"warm up and time steps: batch {b}", 2, 3)

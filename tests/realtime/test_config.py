@@ -86,3 +86,23 @@ def test_range_limits_name_the_field(section, key, value, reason):
         config_from_mapping({section: {key: value}})
     assert info.value.field_path == f"{section}.{key}"
     assert reason in info.value.reason
+
+
+@pytest.mark.parametrize(
+    ("device", "value", "compiles"),
+    [
+        ("cpu", None, False),  # the default, auto: no compiler needed on the CPU
+        ("cuda", None, True),
+        ("cuda:1", None, True),
+        ("cuda", False, False),
+        ("cpu", True, True),
+    ],
+)
+def test_world_compile_auto_compiles_on_cuda_only(device, value, compiles):
+    world = {"device": device} | ({} if value is None else {"compile": value})
+    assert config_from_mapping({"world": world}).world.compiles is compiles
+
+
+def test_world_compile_takes_true_false_or_auto_only():
+    with pytest.raises(ConfigError, match="world.compile"):
+        config_from_mapping({"world": {"compile": "yes"}})
