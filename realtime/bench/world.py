@@ -454,6 +454,9 @@ def _dit_flops_per_block(args) -> tuple[float, int]:
     return float(counter.get_total_flops()), frames
 
 
+COMPILE = {"auto": "auto", "on": True, "off": False}  # --compile -> world.compile
+
+
 def e2e_section(args) -> dict[str, object]:
     """Section 6: end to end through ``realtime serve`` (see the module docstring)."""
     flops, video_frames_per_block = _dit_flops_per_block(args)
@@ -467,7 +470,7 @@ def e2e_section(args) -> dict[str, object]:
     )
     counts = [str(n) for n in args.e2e_sessions]
     for mode, max_batch in (("batched", max(args.e2e_sessions)), ("sliced", 1)):
-        served = {"max_batch": max_batch, "compute_admission": False, "compile": args.compile}
+        served = {"max_batch": max_batch, "compute_admission": False, "compile": COMPILE[args.compile]}
         if args.encode_threads is not None:
             served["encode_threads"] = args.encode_threads
         with world_server(args, **served) as url:
@@ -539,7 +542,14 @@ def main(argv: list[str]) -> int:
         default=[1, 2, 4, 8],
         help="section 6: session counts (1 first)",
     )
-    p.add_argument("--compile", action="store_true", help="section 6: the served world.compile")
+    p.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        nargs="?",
+        const="on",
+        default="auto",
+        help="section 6: the served world.compile (auto, the server's default: on for CUDA; bare --compile: on)",
+    )
     p.add_argument(
         "--fp8", action="store_true", help="the DiT's block matmuls in FP8 (world.fp8), every section"
     )
@@ -559,6 +569,7 @@ def main(argv: list[str]) -> int:
                     "model": args.model,
                     "dtype": args.dtype,
                     "fp8": args.fp8,
+                    "compile": args.compile,
                 }
             )
         )
