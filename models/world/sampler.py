@@ -14,8 +14,9 @@ Noise is counter-based: ``block_noise(seed, block, step)``, so a session's outpu
 its seed, prompt and action history, never on which other sessions share the batch or on the
 order of ticks (replay after reset is bit-identical). It is drawn by the device's own generator
 (the CPU's, or CUDA's Philox on the GPU, where it costs no host time: 4 passes of Wan-1.3B noise
-take ~16 ms of one CPU core), so the same seed gives other noise on the CPU than on a GPU. ``denoise`` never writes, and ``commit``
-is one call at the end, so an exception anywhere before it leaves the session's cache as it was.
+take ~16 ms of one CPU core), so the same seed gives other noise on the CPU than on a GPU.
+``denoise`` never writes, and ``commit`` is one call at the end, so an exception anywhere before
+it leaves the session's cache as it was.
 
 ``recompute_x0`` is the cache-free reference (Oasis-style full masked recompute over a clean
 latent history) used by the correctness tests and as the recompute baseline of the bench.
