@@ -289,7 +289,9 @@ class CausalDiT(nn.Module):
         angles = rope_angles(positions, self.cfg.head_dim, self.cfg.rope_theta, tokens.dtype)
         keys = f * tpf if past is None else past[0][0].shape[1]
         splits = splits_for(x.device, b, self.cfg.heads, f * tpf, keys, mask is not None)
-        if self.compiled and b > 1:  # batches of 2+ share one graph: one split for all their sizes
+        if self.compiled and (b > 1 or tpf % 2):
+            # a compiled graph takes the split as a constant: batches of 2+ share one graph, and
+            # with an odd frame size the key count's parity (can it halve?) changes as a window fills
             splits = 1
         batch = (0,) if b > 1 else ()
         if self.compiled:
