@@ -163,6 +163,9 @@ class WorldConfig:
     max_prompt_chars: PositiveInt = 2000
     compile: bool | Literal["auto"] = "auto"  # torch.compile each DiT block; auto: on CUDA devices
     fp8: bool = False  # DiT block matmuls in FP8 (models/fp8.py; CUDA sm89+, allowed but slower on CPU)
+    # the DiT's attention kernel (models/world/attention.py): auto = flash4 on a Hopper GPU in
+    # bf16/fp16 where the flash4 extra is installed, else sdpa; flash4 elsewhere fails the load
+    attention: Literal["auto", "sdpa", "flash4"] = "auto"
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:

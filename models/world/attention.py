@@ -1,4 +1,4 @@
-"""Self-attention of a DiT block against its keys, with the keys split to fill the GPU's SMs.
+"""Attention of a DiT block: its kernel, and its keys split to fill the GPU's SMs.
 
 Why: Hopper's fused attention kernels (cuDNN's, which SDPA picks on an H200) run one CTA per
 (batch row, head, 128-query tile). One Wan-1.3B session's block has 12 heads x ceil(4680 / 128) =
@@ -10,22 +10,90 @@ the partial outputs merge exactly by their log-sum-exps (softmax over the parts'
 part's normalised output: flash-decoding's combine). Measured at that shape: 1.487 -> 1.331 ms
 per call (compiled, merge included).
 
-Contract of :func:`attend` (``q [B, H, Nq, D]``, ``k``, ``v`` ``[B, H, Nk, D]``, any strides SDPA
-takes): the result equals ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)`` up to
-float rounding. It splits only without a mask, on CUDA, when :func:`key_splits` says the split
-fills the waves better; otherwise it is that one SDPA call.
+Two kernels (``world.attention``), for the self- and the cross-attention: ``sdpa`` (PyTorch's
+SDPA; cuDNN's kernel on the H200) and ``flash4`` (FlashAttention-4's CuTe DSL forward for sm90,
+the optional ``flash4`` extra): 652 against 546 TFLOP/s at one Wan session's shape, 318 against
+347 ms per DiT block (``docs/benchmarks.md``, "world: FlashAttention-4"). ``auto`` takes
+``flash4`` on a Hopper GPU where it is installed and the dtype is bf16 or fp16, else ``sdpa``.
+
+Contract of :func:`attend` (``q [B, H, Nq, D]``, ``k``, ``v`` ``[B, H, Nk, D]``, as views of
+``[B, N, H, D]`` memory, the DiT's layout): the result equals
+``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)`` up to float rounding. It splits only
+without a mask, on CUDA, when :func:`key_splits` says the split fills the waves better; under a
+mask it is always SDPA's call.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
-QUERY_TILE = 128  # query rows per CTA of the sm90 fused attention kernels
+QUERY_TILE = 128  # query rows per CTA of the sm90 fused attention kernels (cuDNN's and FA4's at D=128)
 MIN_GAIN = 0.05  # a split must raise the last-wave fill by this much to pay for its merge
+
+Kernel = Literal["sdpa", "flash4"]
+KERNEL_CHOICES = ("auto", "sdpa", "flash4")
+
+
+FLASH4_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def flash4_usable(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """FlashAttention-4 is installed, ``device`` is a Hopper GPU (its sm90 forward) and ``dtype``
+    one it takes (bf16, fp16)."""
+    return (
+        dtype in FLASH4_DTYPES
+        and device.type == "cuda"
+        and torch.cuda.get_device_capability(device)[0] == 9
+        and importlib.util.find_spec("flash_attn") is not None
+        and importlib.util.find_spec("flash_attn.cute") is not None
+    )
+
+
+def resolve_kernel(choice: str, device: str | torch.device, dtype: torch.dtype) -> Kernel:
+    """``world.attention`` resolved for ``device`` and ``dtype``: ``auto`` is ``flash4`` where
+    :func:`flash4_usable`, else ``sdpa``; ``flash4`` where it is not usable is an error."""
+    device = torch.device(device)
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"attention kernel must be one of {KERNEL_CHOICES}, not {choice!r}")
+    usable = flash4_usable(device, dtype)
+    if choice == "sdpa" or (choice == "auto" and not usable):
+        return "sdpa"
+    if not usable:
+        raise ValueError(
+            "attention kernel flash4 needs a Hopper (sm90) CUDA device, bfloat16 or float16, and "
+            "the flash4 extra (pip install 'realtime-sessions[flash4]')"
+        )
+    return "flash4"
+
+
+@torch.library.custom_op("realtime_world::flash4_attention", mutates_args=())
+def flash4_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """FlashAttention-4's forward: ``q [B, Nq, H, D]``, ``k``, ``v`` ``[B, Nk, H, D]`` (last dim
+    contiguous) -> output ``[B, Nq, H, D]`` and the natural-log log-sum-exp ``[B, H, Nq]``
+    (float32). A custom op so that compiled blocks call it as one opaque kernel."""
+    from flash_attn.cute import flash_attn_func
+
+    return flash_attn_func(q, k, v, return_lse=True)
+
+
+@flash4_attention.register_fake
+def _flash4_attention_shapes(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    b, nq, h, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((b, h, nq), dtype=torch.float32)
+
+
+@register_flop_formula(torch.ops.realtime_world.flash4_attention)
+def _flash4_attention_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+    """What FlopCounterMode counts for the op (as for SDPA: two matmuls, no softmax)."""
+    b, nq, h, d = q_shape
+    return 4 * b * h * nq * k_shape[1] * d
 
 
 def wave_fill(tiles: int, sms: int) -> float:
@@ -48,15 +116,19 @@ def multiprocessors(device: torch.device) -> int:
 
 
 def splits_for(device: torch.device, batch: int, heads: int, queries: int, keys: int, masked: bool) -> int:
-    """:func:`key_splits` for a call's shapes on ``device`` (1 on the CPU or under a mask).
-    Decided outside the compiled blocks, which take it as a constant."""
+    """:func:`key_splits` for a call's shapes on ``device`` (1 on the CPU or under a mask), for
+    either kernel: FA4 tiles its queries by 128 too, and the split DiT is 3 % faster with it as
+    with cuDNN. Decided outside the compiled blocks, which take it as a constant."""
     if masked or device.type != "cuda":
         return 1
     return key_splits(batch, heads, queries, keys, multiprocessors(device))
 
 
-def _attention_with_lse(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def _attention_with_lse(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel) -> tuple[Tensor, Tensor]:
     """Output ``[B, H, Nq, D]`` and log-sum-exp of the scaled scores (natural log, ``[B, H, Nq]``)."""
+    if kernel == "flash4":
+        out, lse = flash4_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return out.transpose(1, 2), lse
     if q.device.type == "cuda":
         cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
         out, lse = cudnn(q, k, v, None, True, 0.0, False, False)[:2]  # attn_bias, compute_log_sumexp, ...
@@ -65,7 +137,7 @@ def _attention_with_lse(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor
     return out, lse.reshape(*q.shape[:3])
 
 
-def split_key_attention(q: Tensor, k: Tensor, v: Tensor, splits: int) -> Tensor:
+def split_key_attention(q: Tensor, k: Tensor, v: Tensor, splits: int, kernel: Kernel = "sdpa") -> Tensor:
     """Attention over ``splits`` equal parts of the keys in one call of ``splits`` times the batch,
     merged by log-sum-exp. ``k`` and ``v`` must be views of ``[B, Nk, H, D]`` memory (the DiT's
     layout), so each part is a view, not a copy."""
@@ -75,17 +147,23 @@ def split_key_attention(q: Tensor, k: Tensor, v: Tensor, splits: int) -> Tensor:
     def parts(t: Tensor) -> Tensor:  # [B, H, Nk, D] over [B, Nk, H, D] -> [B*S, H, Nk/S, D]
         return t.transpose(1, 2).reshape(b * splits, part, h, d).transpose(1, 2)
 
-    queries = q.unsqueeze(1).expand(b, splits, h, nq, d).reshape(b * splits, h, nq, d)
-    out, lse = _attention_with_lse(queries, parts(k), parts(v))
+    # the copy of the queries for each part keeps the [B, N, H, D] layout both kernels read fastest
+    queries = q.transpose(1, 2).unsqueeze(1).expand(b, splits, nq, h, d).reshape(b * splits, nq, h, d)
+    out, lse = _attention_with_lse(queries.transpose(1, 2), parts(k), parts(v), kernel)
     weights = torch.softmax(lse.reshape(b, splits, h, nq).float(), dim=1)[..., None]
     return (out.reshape(b, splits, h, nq, d).float() * weights).sum(1).to(q.dtype)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, splits: int = 1) -> Tensor:
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, splits: int = 1, kernel: Kernel = "sdpa"
+) -> Tensor:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask=mask)``, with the keys in ``splits``
-    parts when ``splits > 1`` (the DiT passes :func:`splits_for`; a mask forbids a split)."""
-    if splits == 1:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    if mask is not None:
+    parts when ``splits > 1`` (the DiT passes :func:`splits_for`; a mask forbids a split), by
+    ``kernel`` (:func:`resolve_kernel`; a masked call is always SDPA's)."""
+    if splits > 1 and mask is not None:
         raise ValueError("a key split needs every key visible (no mask)")
-    return split_key_attention(q, k, v, splits)
+    if splits > 1:
+        return split_key_attention(q, k, v, splits, kernel)
+    if kernel == "flash4" and mask is None:
+        return flash4_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))[0].transpose(1, 2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.fp8 import convert_linears
-from models.world.attention import attend, splits_for
+from models.world.attention import Kernel, attend, splits_for
 from models.world.configs import WorldModelConfig
 
 KV = tuple[Tensor, Tensor]  # [B, N, heads, head_dim] each
@@ -117,9 +117,16 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.dim, cfg.dim)
 
     def forward(
-        self, x: Tensor, angles: tuple[Tensor, Tensor], mask: Tensor | None, past: KV | None, splits: int = 1
+        self,
+        x: Tensor,
+        angles: tuple[Tensor, Tensor],
+        mask: Tensor | None,
+        past: KV | None,
+        splits: int = 1,
+        kernel: Kernel = "sdpa",
     ) -> tuple[Tensor, KV]:
-        """``splits``: parts to split the keys into (``models.world.attention``; 1 = one SDPA call)."""
+        """``splits``: parts to split the keys into; ``kernel``: the attention kernel
+        (``models.world.attention``; 1 and ``sdpa`` = one SDPA call)."""
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).unbind(2)
         q = apply_rope(self.q_norm(q), angles)
@@ -130,7 +137,7 @@ class SelfAttention(nn.Module):
             keys, values = past
             keys[:, -n:] = k
             values[:, -n:] = v
-        y = attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask, splits)
+        y = attend(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), mask, splits, kernel)
         return self.out(y.transpose(1, 2).reshape(b, n, d)), (k, v)
 
 
@@ -148,10 +155,10 @@ class CrossAttention(nn.Module):
         k, v = self.kv(ctx).view(b, length, 2, self.heads, d // self.heads).unbind(2)
         return k, v
 
-    def forward(self, x: Tensor, kv: KV) -> Tensor:
+    def forward(self, x: Tensor, kv: KV, kernel: Kernel = "sdpa") -> Tensor:
         b, n, d = x.shape
         q = self.q(x).view(b, n, self.heads, d // self.heads).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, kv[0].transpose(1, 2), kv[1].transpose(1, 2))
+        y = attend(q, kv[0].transpose(1, 2), kv[1].transpose(1, 2), kernel=kernel)
         return self.out(y.transpose(1, 2).reshape(b, n, d))
 
 
@@ -177,10 +184,11 @@ class DiTBlock(nn.Module):
         cross_kv: KV,
         past: KV | None,
         splits: int = 1,
+        kernel: Kernel = "sdpa",
     ) -> tuple[Tensor, KV]:
         """``x [B, F*T, D]`` frame-major tokens; ``cond [B, F, D]`` one conditioning per frame: the
         adaLN modulation is computed per frame and broadcast over the frame's tokens. ``splits``:
-        the self-attention's key split (``models.world.attention``)."""
+        the self-attention's key split; ``kernel``: both attentions' kernel (``models.world.attention``)."""
         b, f = cond.shape[:2]
         mods = self.modulation(F.silu(cond))[:, :, None, :].chunk(6, dim=-1)  # each [B, F, 1, D]
         shift1, scale1, gate1, shift2, scale2, gate2 = mods
@@ -189,9 +197,9 @@ class DiTBlock(nn.Module):
             return t.view(b, f, -1, t.shape[-1])
 
         h = torch.addcmul(shift1, per_frame(self.norm1(x)), 1 + scale1).view_as(x)
-        h, kv = self.attn(h, angles, mask, past, splits)
+        h, kv = self.attn(h, angles, mask, past, splits, kernel)
         x = torch.addcmul(per_frame(x), gate1, per_frame(h)).view_as(x)
-        x = x + self.cross(self.norm_cross(x), cross_kv)
+        x = x + self.cross(self.norm_cross(x), cross_kv, kernel)
         h = torch.addcmul(shift2, per_frame(self.norm2(x)), 1 + scale2).view_as(x)
         x = torch.addcmul(per_frame(x), gate2, per_frame(self.mlp(h))).view_as(x)
         return x, kv
@@ -216,6 +224,9 @@ class CausalDiT(nn.Module):
         self.mod_out = nn.Linear(cfg.dim, 2 * cfg.dim)
         self.proj_out = nn.Linear(cfg.dim, patch_dim)
         self.compiled = False  # compiled blocks: mark their inputs' batch and key-length dimensions dynamic
+        self.attention: Kernel = (
+            "sdpa"  # the self-attention's kernel (WorldModel.build resolves world.attention)
+        )
 
     def compile_blocks(self, backend: str | Callable = "inductor") -> None:
         """``torch.compile`` every block (fuses the norms, modulation, RoPE and GELU around the
@@ -303,7 +314,7 @@ class CausalDiT(nn.Module):
             if self.compiled:
                 _mark_dynamic(batch, tokens, *cross_kv[i])
                 _mark_dynamic((*batch, 1), *(layer_past or ()))
-            tokens, kv = blk(tokens, cond, angles, mask, cross_kv[i], layer_past, splits)
+            tokens, kv = blk(tokens, cond, angles, mask, cross_kv[i], layer_past, splits, self.attention)
             new_kv.append(kv)
         shift, scale = self.mod_out(F.silu(cond))[:, :, None, :].chunk(2, dim=-1)
         out = torch.addcmul(shift, self.norm_out(tokens).view(b, f, tpf, -1), 1 + scale).view_as(tokens)

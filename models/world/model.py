@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from models.transfer import to_device
+from models.world.attention import resolve_kernel
 from models.world.configs import WorldModelConfig, load_model_weights, read_config
 from models.world.dit import CausalDiT
 from models.world.kv_cache import KVGeometry, KVPool
@@ -86,13 +87,16 @@ class WorldModel:
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
         fp8: bool = False,
+        attention: str = "sdpa",
     ) -> WorldModel:
         """Random init from ``seed`` (or ``weights``), eval mode, a pool of ``slots`` sessions.
 
         ``fp8``: the DiT's block matmuls in FP8 (``CausalDiT.to_fp8``: weights quantized once
         after loading, per output channel; activations per token); the decoder, the KV pool and
         every other tensor stay in ``dtype``. Meant for CUDA from sm89 (Hopper: twice the bf16
-        peak); allowed on the CPU, where it is slower (no FP8 units) and serves the tests."""
+        peak); allowed on the CPU, where it is slower (no FP8 units) and serves the tests.
+        ``attention``: the self-attention's kernel, ``auto``, ``sdpa`` or ``flash4``
+        (``models.world.attention.resolve_kernel``)."""
         torch.manual_seed(seed)
         with torch.device(device):  # init where the model runs: no host copy of a 2 B-param DiT
             dit, decoder = CausalDiT(cfg), CausalDecoder(cfg)
@@ -102,6 +106,7 @@ class WorldModel:
         dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
         if fp8:
             dit.to_fp8()
+        dit.attention = resolve_kernel(attention, device, dtype)
         decoder = decoder.to(device=device, dtype=dtype).eval().requires_grad_(False)
         pool = KVPool(KVGeometry.of(cfg, dtype), slots, dtype, device)
         starts = load_start_frames(weights) if weights is not None else None

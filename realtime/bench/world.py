@@ -90,7 +90,13 @@ def _build(args, slots: int) -> WorldModel:
     """The served model: the committed weights (with their own config) where they exist."""
     cfg, weights = resolve_model(args.model, None)
     return WorldModel.build(
-        cfg, slots=slots, weights=weights, device=args.device, dtype=getattr(torch, args.dtype), fp8=args.fp8
+        cfg,
+        slots=slots,
+        weights=weights,
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        fp8=args.fp8,
+        attention=args.attention,
     )
 
 
@@ -233,6 +239,7 @@ def world_server(args, **world: object) -> Iterator[str]:
             "dtype": args.dtype,
             "torch_threads": args.threads,
             "fp8": args.fp8,
+            "attention": args.attention,
             **({} if args.pacing_margin_s is None else {"pacing_margin_s": args.pacing_margin_s}),
             **world,
         },
@@ -554,6 +561,12 @@ def main(argv: list[str]) -> int:
         "--fp8", action="store_true", help="the DiT's block matmuls in FP8 (world.fp8), every section"
     )
     p.add_argument(
+        "--attention",
+        choices=("auto", "sdpa", "flash4"),
+        default="auto",
+        help="the DiT's self-attention kernel (world.attention), every section",
+    )
+    p.add_argument(
         "--encode-threads", type=int, help="section 6: the served world.encode_threads (default: its default)"
     )
     p.add_argument("--peak-tflops", type=float, default=989.0, help="section 6: dense bf16 peak (H200: 989)")
@@ -570,6 +583,7 @@ def main(argv: list[str]) -> int:
                     "dtype": args.dtype,
                     "fp8": args.fp8,
                     "compile": args.compile,
+                    "attention": args.attention,
                 }
             )
         )

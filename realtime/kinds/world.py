@@ -162,6 +162,7 @@ class WorldService(KindServiceBase):
             device=wc.device,
             dtype=_DTYPES[wc.dtype],
             fp8=wc.fp8,
+            attention=wc.attention,
         )
         if wc.compiles:
             self.model.dit.compile_blocks()

@@ -7,7 +7,15 @@ import torch
 import torch.nn.functional as F
 
 from models.world import dit as dit_module
-from models.world.attention import attend, key_splits, split_key_attention, wave_fill
+from models.world.attention import (
+    attend,
+    flash4_attention,
+    flash4_usable,
+    key_splits,
+    resolve_kernel,
+    split_key_attention,
+    wave_fill,
+)
 from models.world.configs import TEST
 from models.world.model import WorldModel, WorldTick
 from tests.world.helpers import action
@@ -94,3 +102,68 @@ def test_cudnn_split_at_the_wan_shape_matches_sdpa():
     want = F.scaled_dot_product_attention(q, k, v)
     got = split_key_attention(q, k, v, 2)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_the_kernel_choice_resolves_per_device_and_dtype():
+    assert resolve_kernel("auto", "cpu", torch.bfloat16) == "sdpa"
+    assert resolve_kernel("sdpa", "cpu", torch.bfloat16) == "sdpa"
+    with pytest.raises(ValueError, match="Hopper"):
+        resolve_kernel("flash4", "cpu", torch.bfloat16)
+    with pytest.raises(ValueError, match="one of"):
+        resolve_kernel("flash3", "cpu", torch.bfloat16)
+    assert not flash4_usable(torch.device("cuda"), torch.float32)  # FA4 takes bf16 and fp16 only
+    assert not flash4_usable(torch.device("cpu"), torch.bfloat16)
+
+
+def test_the_flash4_op_states_its_shapes_and_flops():
+    """The custom op's fake (what ``torch.compile`` traces): output like q, LSE [B, H, Nq] float32;
+    and FlopCounterMode counts it as it counts SDPA on the GPU, two matmuls (the bench's MFU does
+    not depend on the kernel)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FakeTensorMode():
+        q, k = (
+            torch.empty(2, 40, 4, 32, dtype=torch.bfloat16),
+            torch.empty(2, 96, 4, 32, dtype=torch.bfloat16),
+        )
+        with FlopCounterMode(display=False) as counter:
+            out, lse = flash4_attention(q, k, k)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    assert lse.shape == (2, 4, 40) and lse.dtype == torch.float32
+    assert counter.get_total_flops() == 2 * (2 * 2 * 4 * 40 * 96 * 32)  # QK^T and PV
+
+
+needs_flash4 = pytest.mark.skipif(
+    not (torch.cuda.is_available() and flash4_usable(torch.device("cuda"))),
+    reason="needs a Hopper GPU and the flash4 extra",
+)
+
+
+@pytest.mark.gpu
+@needs_flash4
+@pytest.mark.parametrize("splits", [1, 2])
+def test_flash4_at_the_wan_shape_matches_sdpa(splits):
+    """FlashAttention-4 through :func:`attend` (one call, or the split with its LSE merge) at one
+    Wan-1.3B session's steady shape, bf16: within bf16 rounding of SDPA's."""
+    q = _dit_layout(1, 4680, 12, 128, torch.bfloat16, "cuda")
+    k, v = (_dit_layout(1, 18 * 1560, 12, 128, torch.bfloat16, "cuda") for _ in range(2))
+    want = F.scaled_dot_product_attention(q, k, v)
+    got = attend(q, k, v, splits=splits, kernel="flash4")
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.gpu
+@needs_flash4
+def test_the_compiled_dit_renders_the_same_blocks_with_flash4():
+    """``world.attention: flash4`` under ``torch.compile`` (the custom op is opaque to inductor):
+    the blocks of a filling window and the steady state within bf16 rounding of SDPA's."""
+
+    def run(kernel: str) -> list[torch.Tensor]:
+        model = WorldModel.build(TEST, slots=1, device="cuda", dtype=torch.bfloat16, attention=kernel)
+        model.dit.compile_blocks()
+        model.open("s", seed=3)
+        return [model.generate([WorldTick("s", b, "a maze", action(b))]).float() for b in range(5)]
+
+    for got, want in zip(run("flash4"), run("sdpa"), strict=True):
+        torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)

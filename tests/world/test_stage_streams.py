@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from models.stage import StageItem
+from models.world.attention import flash4_usable
 from models.world.configs import TEST
 from models.world.model import WorldModel, WorldTick
 from models.world.stage import BlockTimings, WorldBlockInput, WorldBlockStage, WorldDecodeStage
@@ -56,11 +57,26 @@ def test_staged_frames_equal_the_models_step_with_stage_timings(device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_block_is_queued_without_a_host_wait():
+@pytest.mark.parametrize(
+    "attention,dtype",
+    [
+        ("sdpa", torch.float32),
+        pytest.param(
+            "flash4",
+            torch.bfloat16,
+            marks=pytest.mark.skipif(
+                not (torch.cuda.is_available() and flash4_usable(torch.device("cuda"))),
+                reason="needs a Hopper GPU and the flash4 extra",
+            ),
+        ),
+    ],
+)
+def test_a_block_is_queued_without_a_host_wait(attention, dtype):
     """Generating a block (its inputs, noise, gathered past and cross-attention K/V, five
     passes, the commit) never makes the host wait for the GPU, so the block stage can launch
-    block k + 1 while block k runs: any synchronising call raises under sync debug mode."""
-    model = WorldModel.build(TEST, slots=2, device="cuda", dtype=torch.float32)
+    block k + 1 while block k runs: any synchronising call raises under sync debug mode. Also
+    with FlashAttention-4's kernels (``world.attention: flash4``)."""
+    model = WorldModel.build(TEST, slots=2, device="cuda", dtype=dtype, attention=attention)
     model.open("s", seed=1)
     model.open("t", seed=2)
     act = torch.zeros(TEST.action_dim)
