@@ -35,7 +35,7 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    ``fps_1``, ``ttff_ms``, ``aggregate_ratio_4`` (aggregate fps at 4 sessions / fps at 1, batched),
    ``mfu``, ``e2e_fps`` (per mode and ``n``), ``stage_ms`` (per mode and ``n``: where a chunk's
    time went, stage by stage, from the server's ``world_stage_seconds`` histogram scraped before
-   and after each run, ``realtime.bench.world_stages``: ``p50`` and ``max`` of the later blocks,
+   and after each run, ``realtime.bench.world_stages``: ``mean``, ``p50`` and ``max`` of the later blocks,
    ``first_block`` the mean of the run's first blocks, ``n`` the later blocks counted).
 
 ``--fp8``: every section with the DiT's block matmuls in FP8 (``world.fp8``, ``models/fp8.py``);

@@ -4,8 +4,9 @@ the server's ``/metrics`` before and after a run, and summarised from the differ
 Histogram buckets (``realtime.kinds.world_timing.BUCKETS_MS``, about 1.25x apart) bound what a
 scrape can say: ``p50`` is interpolated inside its bucket (Prometheus' ``histogram_quantile``),
 ``max`` is the upper bound of the highest bucket holding a sample of the run (``None`` past the
-last bound), and ``first_block`` is the exact mean of the run's first blocks (from ``_sum`` /
-``_count``: exact for one session).
+last bound). ``mean`` (the later blocks) and ``first_block`` (the first blocks) are exact means,
+from ``_sum`` / ``_count``: what compares two runs whose samples share a bucket (the p50 of a
+272 ms and of a 250 ms denoise both lie in the (250, 300] bucket).
 """
 
 from __future__ import annotations
@@ -91,20 +92,25 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
+def _mean_ms(series: StageSeries) -> float | None:
+    return _ms(series.total / series.count) if series.count > 0 else None
+
+
 Breakdown = dict[str, dict[str, float | None] | int]
 
 
 def breakdown(before: Scrape, after: Scrape) -> Breakdown:
-    """Per stage, in ms, over the run between the scrapes: ``p50`` and ``max`` of the later
-    blocks, ``first_block`` the mean of the first blocks; ``n`` / ``n_first``: blocks counted."""
-    out: Breakdown = {"p50": {}, "max": {}, "first_block": {}}
+    """Per stage, in ms, over the run between the scrapes: ``mean``, ``p50`` and ``max`` of the
+    later blocks, ``first_block`` the mean of the first blocks; ``n`` / ``n_first``: blocks counted."""
+    out: Breakdown = {"mean": {}, "p50": {}, "max": {}, "first_block": {}}
     counts = {"later": 0.0, "first": 0.0}
     for stage in STAGES:
         later = after.get((stage, "later"), StageSeries()).minus(before.get((stage, "later")))
         first = after.get((stage, "first"), StageSeries()).minus(before.get((stage, "first")))
+        out["mean"][stage] = _mean_ms(later)  # type: ignore[index]
         out["p50"][stage] = _ms(later.quantile(0.5))  # type: ignore[index]
         out["max"][stage] = _ms(later.max_bound())  # type: ignore[index]
-        out["first_block"][stage] = _ms(first.total / first.count) if first.count > 0 else None  # type: ignore[index]
+        out["first_block"][stage] = _mean_ms(first)  # type: ignore[index]
         counts = {"later": later.count, "first": first.count}  # the same for every stage
     out["n"], out["n_first"] = int(counts["later"]), int(counts["first"])
     return out
@@ -117,10 +123,10 @@ def format_breakdown(label: str, figures: Breakdown) -> str:
         return f"{value:>9.1f}" if value is not None else f"{'-':>9}"
 
     lines = [
-        f"  stages, {label} (ms; {figures['n']} later blocks p50 / max bucket, "
+        f"  stages, {label} (ms; {figures['n']} later blocks mean / p50 / max bucket, "
         f"{figures['n_first']} first blocks mean)"
     ]
     for stage in STAGES:
-        row = [figures[key][stage] for key in ("p50", "max", "first_block")]  # type: ignore[index]
-        lines.append(f"  {stage:>8} {cell(row[0])} {cell(row[1])} {cell(row[2])}")
+        row = [figures[key][stage] for key in ("mean", "p50", "max", "first_block")]  # type: ignore[index]
+        lines.append(f"  {stage:>8} " + " ".join(cell(value) for value in row))
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from realtime.media.stage import EncodedMedia
 from tests.serving import serve_in_process
 
 
-def test_breakdown_reads_p50_max_bucket_and_exact_first_block_mean():
+def test_breakdown_reads_exact_means_p50_and_max_bucket():
     registry = CollectorRegistry()
     timer = StageTimer(registry)
     before = world_stages.parse(generate_latest(registry).decode())
@@ -39,6 +39,8 @@ def test_breakdown_reads_p50_max_bucket_and_exact_first_block_mean():
     assert 8 <= figures["p50"]["queue"] <= 10  # the median, 9 ms, lies in the (8, 10] bucket
     assert figures["max"]["queue"] == 500.0  # 450 ms: the (400, 500] bucket
     assert 80 <= figures["p50"]["denoise"] <= 100  # all five in the (80, 100] bucket
+    assert figures["mean"]["denoise"] == pytest.approx(100.0)  # exact, where p50 only knows the bucket
+    assert figures["mean"]["queue"] == pytest.approx((5 + 7 + 9 + 11 + 450) / 5)
     assert set(figures["p50"]) == set(STAGES)
 
 
