@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 from typing import Literal
 
 import torch
@@ -36,6 +37,8 @@ from torch.utils.flop_counter import register_flop_formula
 
 QUERY_TILE = 128  # query rows per CTA of the sm90 fused attention kernels (cuDNN's and FA4's at D=128)
 MIN_GAIN = 0.05  # a split must raise the last-wave fill by this much to pay for its merge
+
+log = logging.getLogger(__name__)
 
 Kernel = Literal["sdpa", "flash4"]
 KERNEL_CHOICES = ("auto", "sdpa", "flash4")
@@ -56,9 +59,23 @@ def flash4_usable(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> 
     )
 
 
+@functools.cache
+def flash4_failure(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why FlashAttention-4 does not run here (its first call JIT-compiles a kernel, which needs
+    the CuTe DSL's CUDA libraries to match the driver), or ``None`` once one small call ran."""
+    try:
+        q = torch.zeros(1, 128, 1, 64, device=device, dtype=dtype)
+        flash4_attention(q, q, q)
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # noqa: BLE001 - any failure means: use SDPA (auto) or say why (flash4)
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    return None
+
+
 def resolve_kernel(choice: str, device: str | torch.device, dtype: torch.dtype) -> Kernel:
     """``world.attention`` resolved for ``device`` and ``dtype``: ``auto`` is ``flash4`` where
-    :func:`flash4_usable`, else ``sdpa``; ``flash4`` where it is not usable is an error."""
+    :func:`flash4_usable` and its probe call runs (:func:`flash4_failure`; else ``sdpa``, with a
+    warning when only the probe failed); ``flash4`` where either fails is an error saying why."""
     device = torch.device(device)
     if choice not in KERNEL_CHOICES:
         raise ValueError(f"attention kernel must be one of {KERNEL_CHOICES}, not {choice!r}")
@@ -70,7 +87,13 @@ def resolve_kernel(choice: str, device: str | torch.device, dtype: torch.dtype) 
             "attention kernel flash4 needs a Hopper (sm90) CUDA device, bfloat16 or float16, and "
             "the flash4 extra (pip install 'realtime-sessions[flash4]')"
         )
-    return "flash4"
+    failure = flash4_failure(device, dtype)
+    if failure is None:
+        return "flash4"
+    if choice == "flash4":
+        raise ValueError(f"attention kernel flash4 is installed but does not run here: {failure}")
+    log.warning("world attention: FlashAttention-4 does not run here (%s); using sdpa", failure)
+    return "sdpa"
 
 
 @torch.library.custom_op("realtime_world::flash4_attention", mutates_args=())

@@ -115,6 +115,33 @@ def test_the_kernel_choice_resolves_per_device_and_dtype():
     assert not flash4_usable(torch.device("cpu"), torch.bfloat16)
 
 
+def test_auto_falls_back_to_sdpa_when_flash4_is_installed_but_does_not_run(monkeypatch, caplog):
+    """A Hopper box with the extra whose FA4 cannot JIT its kernels (say, CUDA libraries that do
+    not match the driver): ``auto`` serves with SDPA and says why in one line; ``flash4`` fails
+    the load with the reason. (The probe's failure is stubbed: this box has no Hopper GPU.)"""
+    from models.world import attention
+
+    monkeypatch.setattr(attention, "flash4_usable", lambda device, dtype: True)
+    monkeypatch.setattr(
+        attention, "flash4_failure", lambda device, dtype: "RuntimeError: no ptxas for sm_90a"
+    )
+    with caplog.at_level("WARNING", logger="models.world.attention"):
+        assert resolve_kernel("auto", "cpu", torch.bfloat16) == "sdpa"
+    assert "no ptxas for sm_90a" in caplog.text and "Traceback" not in caplog.text
+    with pytest.raises(ValueError, match="does not run here: RuntimeError: no ptxas"):
+        resolve_kernel("flash4", "cpu", torch.bfloat16)
+    monkeypatch.setattr(attention, "flash4_failure", lambda device, dtype: None)
+    assert resolve_kernel("auto", "cpu", torch.bfloat16) == "flash4"
+
+
+def test_the_flash4_probe_reports_a_failure_as_one_line():
+    """On this box the probe's call fails (no FA4, no GPU): a reason, not an exception."""
+    from models.world.attention import flash4_failure
+
+    reason = flash4_failure(torch.device("cpu"), torch.bfloat16)
+    assert reason is not None and "\n" not in reason and len(reason) <= 300
+
+
 def test_the_flash4_op_states_its_shapes_and_flops():
     """The custom op's fake (what ``torch.compile`` traces): output like q, LSE [B, H, Nq] float32;
     and FlopCounterMode counts it as it counts SDPA on the GPU, two matmuls (the bench's MFU does
