@@ -64,7 +64,7 @@ def flash4_failure(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why FlashAttention-4 does not run here (its first call JIT-compiles a kernel, which needs
     the CuTe DSL's CUDA libraries to match the driver), or ``None`` once one small call ran."""
     try:
-        q = torch.zeros(1, 128, 1, 64, device=device, dtype=dtype)
+        q = torch.zeros(1, 128, 1, 128, device=device, dtype=dtype)  # head dim 128: the Wan DiT's kernel
         flash4_attention(q, q, q)
         torch.cuda.synchronize(device)
     except Exception as exc:  # noqa: BLE001 - any failure means: use SDPA (auto) or say why (flash4)
