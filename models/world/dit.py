@@ -224,9 +224,7 @@ class CausalDiT(nn.Module):
         self.mod_out = nn.Linear(cfg.dim, 2 * cfg.dim)
         self.proj_out = nn.Linear(cfg.dim, patch_dim)
         self.compiled = False  # compiled blocks: mark their inputs' batch and key-length dimensions dynamic
-        self.attention: Kernel = (
-            "sdpa"  # the self-attention's kernel (WorldModel.build resolves world.attention)
-        )
+        self.attention: Kernel = "sdpa"  # both attentions' kernel; WorldModel.build resolves world.attention
 
     def compile_blocks(self, backend: str | Callable = "inductor") -> None:
         """``torch.compile`` every block (fuses the norms, modulation, RoPE and GELU around the

@@ -95,7 +95,7 @@ class WorldModel:
         after loading, per output channel; activations per token); the decoder, the KV pool and
         every other tensor stay in ``dtype``. Meant for CUDA from sm89 (Hopper: twice the bf16
         peak); allowed on the CPU, where it is slower (no FP8 units) and serves the tests.
-        ``attention``: the self-attention's kernel, ``auto``, ``sdpa`` or ``flash4``
+        ``attention``: the DiT's attention kernel, ``auto``, ``sdpa`` or ``flash4``
         (``models.world.attention.resolve_kernel``)."""
         torch.manual_seed(seed)
         with torch.device(device):  # init where the model runs: no host copy of a 2 B-param DiT

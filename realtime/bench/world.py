@@ -564,7 +564,7 @@ def main(argv: list[str]) -> int:
         "--attention",
         choices=("auto", "sdpa", "flash4"),
         default="auto",
-        help="the DiT's self-attention kernel (world.attention), every section",
+        help="the DiT's attention kernel (world.attention), every section",
     )
     p.add_argument(
         "--encode-threads", type=int, help="section 6: the served world.encode_threads (default: its default)"
