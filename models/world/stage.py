@@ -24,7 +24,9 @@ Both carry the input's ``extra`` (opaque to the model: the kind's media settings
 
 Stage timing (:class:`BlockTimings`, always on): the block stage marks the start and end of each
 DiT forward of its batch (the denoise passes, then the clean pass) with CUDA events on CUDA and
-host clocks on the CPU; the decode stage marks its decoder forward and its device-to-host copy
+host clocks on the CPU, and keeps its last forward's end mark, so a block also tells the DiT
+stream's time between the previous forward and its own (``gap_ms``: the work between them, and
+any idle while the host had not launched this one yet); the decode stage marks its decoder forward and its device-to-host copy
 the same way and reads every mark only after the copy's wait, the one point where this path
 already waits for the GPU (the DiT's marks precede the ``ready`` event the decode stream waited
 for), so timing adds no synchronisation. The frames land in pinned host memory, copied without a
@@ -72,6 +74,10 @@ class BlockTimings:
     when the engine picked the batch: the kind measures the queue wait up to it."""
 
     started_at: float
+    # the DiT stream from the previous forward's clean pass to this forward's first pass: the
+    # KV commit and gather, inputs and noise, plus any idle while the host had not launched it
+    # (0 for the stage's first forward)
+    gap_ms: float
     denoise_ms: float  # the staged denoise passes (with the re-noising between them)
     clean_ms: float  # the committing clean pass
     decode_ms: float  # the VAE decoder forward (with the uint8 conversion)
@@ -95,6 +101,7 @@ class WorldBlock:
     ready: torch.cuda.Event | None = None  # CUDA: recorded after the forward that made ``latent``
     started_at: float = 0.0  # time.monotonic() when the forward began
     passes: tuple[Mark, ...] = ()  # (start, end) of each DiT forward: denoise passes, then clean
+    previous_end: Mark | None = None  # the end of the stage's forward before this one (its clean pass)
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,7 @@ class WorldBlockStage:
         self.name = name
         self.device = device
         self.slot_capacity = model.pool.slots
+        self._last_end: Mark | None = None  # the last forward's last mark (BlockTimings.gap_ms)
 
     def state_bytes(self) -> int:
         return self.model.pool.geometry.bytes_per_session
@@ -169,9 +177,12 @@ class WorldBlockStage:
             ready = torch.cuda.Event()
             ready.record()
         ms = (time.perf_counter() - t0) * 1000.0
-        passes = tuple(marks)
+        passes, previous_end = tuple(marks), self._last_end
+        self._last_end = marks[-1] if marks else None
         return [
-            WorldBlock(latents[i], inp.tick.block, ms, len(items), inp.extra, ready, started_at, passes)
+            WorldBlock(
+                latents[i], inp.tick.block, ms, len(items), inp.extra, ready, started_at, passes, previous_end
+            )
             for i, inp in enumerate(inputs)
         ]
 
@@ -251,6 +262,7 @@ def _timings(block: WorldBlock, decode_ms: float, d2h_ms: float) -> BlockTimings
     if len(marks) < 4:
         return None
     # marks: start, end of each DiT forward; the last forward is the clean pass
+    gap_ms = 0.0 if block.previous_end is None else max(0.0, _ms(block.previous_end, marks[0]))
     return BlockTimings(
-        block.started_at, _ms(marks[0], marks[-3]), _ms(marks[-2], marks[-1]), decode_ms, d2h_ms
+        block.started_at, gap_ms, _ms(marks[0], marks[-3]), _ms(marks[-2], marks[-1]), decode_ms, d2h_ms
     )
