@@ -26,8 +26,8 @@ Stage timing (:class:`BlockTimings`, always on): the block stage marks the start
 DiT forward of its batch (the denoise passes, then the clean pass) with CUDA events on CUDA and
 host clocks on the CPU, and keeps its last forward's end mark, so a block also tells the DiT
 stream's time between the previous forward and its own (``gap_ms``: the work between them, and
-any idle while the host had not launched this one yet); the decode stage marks its decoder forward and its device-to-host copy
-the same way and reads every mark only after the copy's wait, the one point where this path
+any idle while the host had not launched this one yet); the decode stage marks its decoder
+forward and its device-to-host copy the same way and reads every mark only after the copy's wait, the one point where this path
 already waits for the GPU (the DiT's marks precede the ``ready`` event the decode stream waited
 for), so timing adds no synchronisation. The frames land in pinned host memory, copied without a
 wait per session.
