@@ -25,8 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 def buckets(max_batch: int, step: int = 0) -> tuple[int, ...]:
@@ -104,18 +107,33 @@ class BatchGraphs:
 
     def _capture(self, inputs: tuple[torch.Tensor, ...]) -> _Graph:
         static = tuple(t.clone() for t in inputs)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up off the capture (allocator, cuBLAS handles, autotune)
-            for _ in range(self.warmup_iters):
-                self.fn(*static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
-            output = self.fn(*static)
+        graph, output = capture(lambda: self.fn(*static), self._pool, self.warmup_iters)
         return _Graph(graph, static, output)
+
+
+def capture(
+    fn: Callable[[], T], pool: tuple[int, int], warmup_iters: int = 2
+) -> tuple[torch.cuda.CUDAGraph, T]:
+    """``fn()`` captured into a CUDA graph in memory ``pool`` (``torch.cuda.graph_pool_handle()``;
+    graphs sharing it must never replay at once), after ``warmup_iters`` eager runs on a side
+    stream (the allocator, cuBLAS handles, autotuning and lazy compilation happen off the
+    capture). Returns the graph and the capture's output, which every replay rewrites in place.
+
+    The capture forbids unsafe CUDA calls on this thread only (``thread_local``): the kinds loaded
+    earlier already serve on their own threads, and a shape first met in service is captured
+    while other sessions run."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup_iters):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        output = fn()
+    return graph, output
 
 
 def _key(size: int, inputs: Sequence[torch.Tensor]) -> tuple[int, tuple[tuple[int, ...], ...]]:

@@ -166,16 +166,27 @@ class WorldConfig:
     # the DiT's attention kernel (models/world/attention.py): auto = flash4 on a Hopper GPU in
     # bf16/fp16 where the flash4 extra is installed, else sdpa; flash4 elsewhere fails the load
     attention: Literal["auto", "sdpa", "flash4"] = "auto"
+    # replay the DiT's steady pass from CUDA graphs (models/world/graphs.py): auto = on CUDA
+    # devices, falling back to eager passes with a warning if a capture fails; true: a failed
+    # capture fails the load
+    cuda_graphs: bool | Literal["auto"] = "auto"
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:
             raise _FieldError(f"{path}.fps", f"must be in min_fps..max_fps ({self.min_fps}..{self.max_fps})")
+        if self.cuda_graphs is True and not self.device.startswith("cuda"):
+            raise _FieldError(f"{path}.cuda_graphs", f"needs a CUDA device (device is {self.device!r})")
 
     @property
     def compiles(self) -> bool:
         """``compile`` resolved: ``auto`` compiles on a CUDA device and not on the CPU (where
         inductor needs a C++ toolchain and the default model gains nothing)."""
         return self.compile is True or (self.compile == "auto" and self.device.startswith("cuda"))
+
+    @property
+    def graphs(self) -> bool:
+        """``cuda_graphs`` resolved: ``auto`` captures on a CUDA device."""
+        return self.cuda_graphs is True or (self.cuda_graphs == "auto" and self.device.startswith("cuda"))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,10 @@ Contract:
   session sees any frame (every session's first block) the past is ``None``: the block attends
   to itself alone. ``R`` varies while windows fill: a compiled DiT marks the key length dynamic
   (``CausalDiT.compile_blocks``).
+- ``reserve_scratch(max_batch)``: from then on ``gather`` returns views of buffers the pool holds
+  (contiguous, as fresh ones would be, and valid until the next ``gather``), so a batch of ``B``
+  sessions with full windows always gets the same addresses: what a CUDA graph of the DiT's
+  steady pass captures (``models.world.graphs``; ``scratch_past`` are those views).
 - ``commit(sessions, block_start, kv)`` writes a block's clean-pass K/V (the only writer).
 - denoise passes never write: the pool is read-only until ``commit``.
 """
@@ -127,6 +131,8 @@ class KVPool:
         # absolute frame index held by each resident frame slot, -1 = empty (host-side bookkeeping)
         self.frame_pos = torch.full((slots, g.resident_frames), -1, dtype=torch.long)
         self._slot_of: dict[str, int] = {}
+        self._scratch: list[KV] | None = None  # reserve_scratch: flat K and V buffers per layer
+        self.scratch_batch = 0
 
     @property
     def resident_bytes(self) -> int:
@@ -162,6 +168,31 @@ class KVPool:
         self.frame_pos[slot] = -1
         return slot
 
+    def reserve_scratch(self, max_batch: int) -> None:
+        """Hold :meth:`gather`'s buffers for batches of up to ``max_batch`` sessions (a full
+        window with room for a block: ``KVGeometry.scratch_bytes`` less the commit's share),
+        zero-filled; a larger batch still gets fresh buffers."""
+        g = self.geometry
+        room = g.frames_per_block * g.tokens_per_frame
+        n = max_batch * (g.resident_frames * g.tokens_per_frame + room) * g.heads * g.head_dim
+        self._scratch = [(self.k.new_zeros(n), self.v.new_zeros(n)) for _ in range(g.layers)]
+        self.scratch_batch = max_batch
+
+    def scratch_past(self, batch: int, room: int) -> list[KV]:
+        """The views :meth:`gather` returns for ``batch`` sessions whose windows are full."""
+        assert self._scratch is not None and batch <= self.scratch_batch, "reserve_scratch first"
+        return self._past_buffers(
+            batch, self.geometry.resident_frames * self.geometry.tokens_per_frame + room
+        )
+
+    def _past_buffers(self, batch: int, keys: int) -> list[KV]:
+        """Per layer K and V ``[batch, keys, H, D]``: views of the scratch when it holds them, else fresh."""
+        shape = (batch, keys, *self.k.shape[3:])
+        if self._scratch is None or batch > self.scratch_batch:
+            return [(self.k.new_empty(shape), self.v.new_empty(shape)) for _ in range(self.geometry.layers)]
+        n = batch * keys * shape[2] * shape[3]
+        return [(k[:n].view(shape), v[:n].view(shape)) for k, v in self._scratch]
+
     def holder(self, slot: int) -> str | None:
         """The session holding ``slot``, if any."""
         return next((sid for sid, index in self._slot_of.items() if index == slot), None)
@@ -187,7 +218,8 @@ class KVPool:
         """Past K/V per layer ``[B, L*T + room, H, D]`` and the visible-key mask ``[B, L*T]``
         (``None`` when every gathered key is visible), where ``L`` is the shortest prefix of
         frame slots that holds every frame visible to the batch; ``(None, None)`` when no frame
-        is visible to any session. Decided on the host: no device sync."""
+        is visible to any session. Decided on the host: no device sync. The buffers are fresh,
+        or views of the scratch (:meth:`reserve_scratch`), valid until the next gather."""
         g = self.geometry
         ids = self.slot_ids(sessions)
         slots = torch.tensor(ids, dtype=torch.long)
@@ -204,14 +236,11 @@ class KVPool:
             else to_device(visible.repeat_interleave(g.tokens_per_frame, dim=1), self.k, torch.bool)
         )
         length = visible.shape[1] * g.tokens_per_frame
-        past = []
-        for layer in range(g.layers):
-            k = self.k.new_empty(len(ids), length + room, *self.k.shape[3:])
-            v = self.v.new_empty(k.shape)
+        past = self._past_buffers(len(ids), length + room)
+        for layer, (k, v) in enumerate(past):
             for row, slot in enumerate(ids):  # slice copies: one pass over the bytes, no index temp
                 k[row, :length].copy_(self.k[layer, slot, :length])
                 v[row, :length].copy_(self.v[layer, slot, :length])
-            past.append((k, v))
         return past, mask
 
     def commit(self, sessions: Sequence[str], block_starts: Sequence[int], kv: list[KV]) -> None:

@@ -63,14 +63,24 @@ def decoder_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batc
     return frames * peak * elem
 
 
-def fixed_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, fp8: bool = False) -> int:
+def graph_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> int:
+    """What CUDA graphs of the DiT's steady pass hold on top (``models.world.graphs``): their
+    memory pool, one forward's activations at ``max_batch`` beside the caching allocator's own,
+    and their static cross-attention K/V. (Their past K/V is the gather scratch counted anyway.)"""
+    return dit_activation_bytes(cfg, dtype, max_batch) + max_batch * KVGeometry.of(cfg, dtype).cross_bytes
+
+
+def fixed_bytes(
+    cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, fp8: bool = False, graphs: bool = False
+) -> int:
     """Everything but the per-session pools: weights (``fp8``: the DiT's FP8 layers) plus one
     batched tick's transient memory (the same estimate with ``fp8``: a layer's per-call copies
     of its input, one in ``dtype`` and one of 1 byte per element, live while the attention's
-    tensors counted above are already freed)."""
+    tensors counted above are already freed), plus :func:`graph_bytes` with ``graphs``."""
     transient = (
         KVGeometry.of(cfg, dtype).scratch_bytes(max_batch)
         + dit_activation_bytes(cfg, dtype, max_batch)
         + decoder_activation_bytes(cfg, dtype, max_batch)
+        + (graph_bytes(cfg, dtype, max_batch) if graphs else 0)
     )
     return weight_bytes(cfg, dtype, fp8) + KERNEL_WORKSPACE_BYTES + int(ALLOCATOR_MARGIN * transient)

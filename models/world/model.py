@@ -36,6 +36,7 @@ from models.transfer import to_device
 from models.world.attention import resolve_kernel
 from models.world.configs import WorldModelConfig, load_model_weights, read_config
 from models.world.dit import CausalDiT
+from models.world.graphs import DiTGraphs
 from models.world.kv_cache import KVGeometry, KVPool
 from models.world.sampler import BlockRequest, FlowSampler
 from models.world.start_frames import StartFrames, load_start_frames
@@ -76,6 +77,7 @@ class WorldModel:
     pool: KVPool
     starts: StartFrames | None = None  # a session's first block begins from one (start_frames.py)
     sessions: dict[str, _Session] = field(default_factory=dict)
+    graphs: DiTGraphs | None = None  # capture_graphs: CUDA graphs of the DiT's steady pass
 
     @classmethod
     def build(
@@ -116,6 +118,14 @@ class WorldModel:
     def from_weights(cls, path: Path, slots: int, **kw) -> WorldModel:
         return cls.build(read_config(path), slots, weights=path, **kw)
 
+    def capture_graphs(self, max_batch: int) -> None:
+        """Replay the DiT's steady pass from CUDA graphs for batches of up to ``max_batch``
+        sessions (capped at the pool's slots; ``models.world.graphs``). Raises, leaving the
+        model as it was but for the pool's gather scratch, if a capture fails or mismatches."""
+        graphs = DiTGraphs(self.dit, self.pool, min(max_batch, self.pool.slots))
+        graphs.capture()
+        self.graphs = graphs
+
     @property
     def decoder_state_bytes(self) -> int:
         return decoder_state_bytes(self.cfg, self.pool.k.dtype)
@@ -147,9 +157,10 @@ class WorldModel:
     def init_decoder_state(self) -> DecoderState:
         return self.decoder.init_state()
 
-    def generate(self, ticks: Sequence[WorldTick]) -> Tensor:
-        """One latent block per tick in one batched forward; returns x0 ``[B, fpb, C, h, w]``."""
-        x0, commit = self._generate(ticks)
+    def generate(self, ticks: Sequence[WorldTick], mark: Callable[[], None] | None = None) -> Tensor:
+        """One latent block per tick in one batched forward; returns x0 ``[B, fpb, C, h, w]``.
+        ``mark``: called before and after each DiT pass (``FlowSampler``)."""
+        x0, commit = self._generate(ticks, mark)
         commit()
         return x0
 
@@ -168,7 +179,9 @@ class WorldModel:
         return frames
 
     @torch.no_grad()
-    def _generate(self, ticks: Sequence[WorldTick]) -> tuple[Tensor, Callable[[], None]]:
+    def _generate(
+        self, ticks: Sequence[WorldTick], mark: Callable[[], None] | None = None
+    ) -> tuple[Tensor, Callable[[], None]]:
         """x0 of each tick's block and the commit that writes its KV (nothing written before)."""
         cfg = self.cfg
         states = [self.sessions[t.session_id] for t in ticks]
@@ -196,7 +209,7 @@ class WorldModel:
                 (k.index_copy(0, index, fk), v.index_copy(0, index, fv))
                 for (k, v), (fk, fv) in zip(cross, fresh, strict=True)
             ]
-        sampler = FlowSampler(self.dit, self.pool)
+        sampler = FlowSampler(self.dit, self.pool, self.graphs, mark)
         x0, past, mask = sampler.denoise(reqs, cross)
         kv = sampler.clean_pass(reqs, x0, past, mask, cross)
 

@@ -24,7 +24,7 @@ latent history) used by the correctness tests and as the recompute baseline of t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +32,7 @@ from torch import Tensor
 
 from models.transfer import to_device
 from models.world.dit import KV, CausalDiT, block_causal_mask
+from models.world.graphs import DiTGraphs
 from models.world.kv_cache import KVPool
 
 
@@ -78,8 +79,55 @@ def pin_starts(reqs: Sequence[BlockRequest], x0: Tensor) -> Tensor:
 
 
 class FlowSampler:
-    def __init__(self, dit: CausalDiT, pool: KVPool) -> None:
+    """``graphs``: CUDA graphs of the steady pass (``models.world.graphs``), replayed for the
+    batches they cover; ``mark``: called before and after each DiT pass (the block stage's timing)."""
+
+    def __init__(
+        self,
+        dit: CausalDiT,
+        pool: KVPool,
+        graphs: DiTGraphs | None = None,
+        mark: Callable[[], None] | None = None,
+    ) -> None:
         self.dit, self.pool, self.cfg = dit, pool, dit.cfg
+        self.graphs, self.mark = graphs, mark
+
+    def _pass(
+        self,
+        x: Tensor,
+        s: float,
+        pos: Tensor,
+        actions: Tensor,
+        cross: list[KV],
+        mask: Tensor | None,
+        past: list[KV] | None,
+        replay: bool,
+    ) -> tuple[Tensor, list[KV]]:
+        """One DiT pass at noise ``s``: x0 and its tokens' K/V (in the past's room when there is
+        a past: where the self-attention writes them, graph or not)."""
+        if self.mark is not None:
+            self.mark()
+        if replay:
+            assert self.graphs is not None
+            x0, kv = self.graphs.run(x, s), []
+        else:
+            sigma = torch.full(x.shape[:2], s, dtype=x.dtype, device=x.device)
+            x0, kv = self.dit(x, pos, sigma, actions, cross, mask, past)
+        if self.mark is not None:
+            self.mark()
+        if past is not None:
+            room = x.shape[1] * self.cfg.tokens_per_frame
+            kv = [(k[:, -room:], v[:, -room:]) for k, v in past]
+        return x0, kv
+
+    def _replays(
+        self, past: list[KV] | None, mask: Tensor | None, pos: Tensor, actions: Tensor, cross: list[KV]
+    ) -> bool:
+        """Whether this block's passes replay a graph (its inputs then loaded)."""
+        if self.graphs is None or not self.graphs.covers(past, mask):
+            return False
+        self.graphs.load(pos, actions, cross)
+        return True
 
     def _inputs(self, reqs: Sequence[BlockRequest]) -> tuple[list[str], list[int], Tensor, Tensor]:
         fpb = self.cfg.frames_per_block
@@ -107,12 +155,11 @@ class FlowSampler:
                 :, None, None, :
             ]
         shape = (fpb, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
-        like = self.pool.k
-        noise = block_noises(reqs, len(cfg.sigmas), shape, like)
+        noise = block_noises(reqs, len(cfg.sigmas), shape, self.pool.k)
+        replay = self._replays(past, mask, pos, actions, cross)
         x = x0 = noise[0]
         for i, s in enumerate(cfg.sigmas):
-            sigma = torch.full((b, fpb), s, dtype=like.dtype, device=like.device)
-            x0, _ = self.dit(x, pos, sigma, actions, cross, mask, past)
+            x0, _ = self._pass(x, s, pos, actions, cross, mask, past, replay)
             x0 = pin_starts(reqs, x0)
             if i + 1 < len(cfg.sigmas):
                 nxt = cfg.sigmas[i + 1]
@@ -123,11 +170,11 @@ class FlowSampler:
     def clean_pass(
         self, reqs: Sequence[BlockRequest], x0: Tensor, past: list[KV], mask: Tensor | None, cross: list[KV]
     ) -> list[KV]:
-        """The sigma = 0 pass over the final x0: the block's K/V to commit (nothing written yet)."""
+        """The sigma = 0 pass over the final x0: the block's K/V to commit (nothing written yet;
+        with a past they are views of its room, valid until the next gather)."""
         _, _, pos, actions = self._inputs(reqs)
-        sigma = torch.zeros(x0.shape[:2], dtype=x0.dtype, device=x0.device)
-        _, kv = self.dit(x0, pos, sigma, actions, cross, mask, past)
-        return kv
+        replay = self._replays(past, mask, pos, actions, cross)
+        return self._pass(x0, 0.0, pos, actions, cross, mask, past, replay)[1]
 
     def generate(self, reqs: Sequence[BlockRequest]) -> Tensor:
         """Denoise, clean pass, then commit every session's block K/V; returns x0."""

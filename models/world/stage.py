@@ -74,6 +74,9 @@ class BlockTimings:
     when the engine picked the batch: the kind measures the queue wait up to it."""
 
     started_at: float
+    launch_ms: (
+        float  # host time of the block stage's forward: queueing the DiT's work (CUDA) or doing it (CPU)
+    )
     # the DiT stream from the previous forward's clean pass to this forward's first pass: the
     # KV commit and gather, inputs and noise, plus any idle while the host had not launched it
     # (0 for the stage's first forward)
@@ -162,16 +165,7 @@ class WorldBlockStage:
                 self.model.reset(inp.tick.session_id, seed=inp.seed)
         cuda = self.model.pool.k.is_cuda
         marks: list[Mark] = []
-        dit = self.model.dit
-        hooks = (
-            dit.register_forward_pre_hook(lambda *_: marks.append(_mark(cuda))),
-            dit.register_forward_hook(lambda *_: marks.append(_mark(cuda))),
-        )
-        try:
-            latents = self.model.generate([inp.tick for inp in inputs])
-        finally:
-            for hook in hooks:
-                hook.remove()
+        latents = self.model.generate([inp.tick for inp in inputs], mark=lambda: marks.append(_mark(cuda)))
         ready = None
         if latents.is_cuda:
             ready = torch.cuda.Event()
@@ -264,5 +258,11 @@ def _timings(block: WorldBlock, decode_ms: float, d2h_ms: float) -> BlockTimings
     # marks: start, end of each DiT forward; the last forward is the clean pass
     gap_ms = 0.0 if block.previous_end is None else max(0.0, _ms(block.previous_end, marks[0]))
     return BlockTimings(
-        block.started_at, gap_ms, _ms(marks[0], marks[-3]), _ms(marks[-2], marks[-1]), decode_ms, d2h_ms
+        block.started_at,
+        block.forward_ms,
+        gap_ms,
+        _ms(marks[0], marks[-3]),
+        _ms(marks[-2], marks[-1]),
+        decode_ms,
+        d2h_ms,
     )

@@ -461,7 +461,8 @@ def _dit_flops_per_block(args) -> tuple[float, int]:
     return float(counter.get_total_flops()), frames
 
 
-COMPILE = {"auto": "auto", "on": True, "off": False}  # --compile -> world.compile
+# --compile / --cuda-graphs -> world.compile / world.cuda_graphs
+COMPILE = {"auto": "auto", "on": True, "off": False}
 
 
 def e2e_section(args) -> dict[str, object]:
@@ -477,7 +478,12 @@ def e2e_section(args) -> dict[str, object]:
     )
     counts = [str(n) for n in args.e2e_sessions]
     for mode, max_batch in (("batched", max(args.e2e_sessions)), ("sliced", 1)):
-        served = {"max_batch": max_batch, "compute_admission": False, "compile": COMPILE[args.compile]}
+        served = {
+            "max_batch": max_batch,
+            "compute_admission": False,
+            "compile": COMPILE[args.compile],
+            "cuda_graphs": COMPILE[args.cuda_graphs],
+        }
         if args.encode_threads is not None:
             served["encode_threads"] = args.encode_threads
         with world_server(args, **served) as url:
@@ -558,6 +564,12 @@ def main(argv: list[str]) -> int:
         help="section 6: the served world.compile (auto, the server's default: on for CUDA; bare --compile: on)",
     )
     p.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="section 6: the served world.cuda_graphs (auto, the server's default: on for CUDA)",
+    )
+    p.add_argument(
         "--fp8", action="store_true", help="the DiT's block matmuls in FP8 (world.fp8), every section"
     )
     p.add_argument(
@@ -583,6 +595,7 @@ def main(argv: list[str]) -> int:
                     "dtype": args.dtype,
                     "fp8": args.fp8,
                     "compile": args.compile,
+                    "cuda_graphs": args.cuda_graphs,
                     "attention": args.attention,
                 }
             )

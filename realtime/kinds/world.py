@@ -151,7 +151,7 @@ class WorldService(KindServiceBase):
         cfg, weights = resolve_model(wc.model, wc.weights)
         self.plan = capacity_plan(
             self.ctx.config.runtime,
-            world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch, wc.fp8),
+            world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch, wc.fp8, wc.graphs),
             wc.device,
         )
         progress("load model", 1, 3)
@@ -166,6 +166,9 @@ class WorldService(KindServiceBase):
         )
         if wc.compiles:
             self.model.dit.compile_blocks()
+        if wc.graphs:
+            progress("capture CUDA graphs", 2, 3)
+            self._capture_graphs()
         self.step_seconds = measure_step_seconds(
             self.model, wc.max_batch, on_probe=lambda b: progress(f"warm up and time steps: batch {b}", 2, 3)
         )
@@ -182,6 +185,18 @@ class WorldService(KindServiceBase):
             },
         )
         progress("ready", 3, 3)
+
+    def _capture_graphs(self) -> None:
+        """``world.cuda_graphs``: capture (before the warm-up, which then times replayed passes);
+        under ``auto`` a failure leaves eager passes, with one warning line."""
+        assert self.model is not None
+        try:
+            self.model.capture_graphs(self.config.max_batch)
+        except Exception as exc:  # noqa: BLE001 - auto: any failure means eager passes
+            if self.config.cuda_graphs is True:
+                raise
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            log.warning("world CUDA graphs: capture failed (%s); eager DiT passes", reason)
 
     async def start(self) -> None:
         wc, model, plan = self.config, self.model, self.plan
@@ -262,16 +277,16 @@ def measure_step_seconds(
 
 
 def world_declaration(
-    cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, fp8: bool = False
+    cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, fp8: bool = False, graphs: bool = False
 ) -> MemoryDeclaration:
     """One session's bytes over the world stages, computed from the geometry before any pool
     exists (what ``WorldBlockStage.state_bytes() + WorldDecodeStage.state_bytes()`` will say);
-    the fixed share (weights, FP8 ones with ``fp8``; one batched tick's transient memory) is
-    ``models.world.memory``."""
+    the fixed share (weights, FP8 ones with ``fp8``; one batched tick's transient memory; the
+    DiT's CUDA graphs with ``graphs``) is ``models.world.memory``."""
     geometry = KVGeometry.of(cfg, dtype)
     return MemoryDeclaration(
         resident_bytes_per_session=geometry.bytes_per_session + decoder_state_bytes(cfg, dtype),
-        scratch_bytes=fixed_bytes(cfg, dtype, max_batch, fp8),
+        scratch_bytes=fixed_bytes(cfg, dtype, max_batch, fp8, graphs),
         max_sessions=256,
     )
 

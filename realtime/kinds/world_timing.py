@@ -6,6 +6,8 @@ for each stage (``block``: ``first`` for a session's chunk 0, the time-to-first-
 
 - ``queue``: the tick being due (the handler started it: pacing and the generate-ahead credit
   allowed it) -> the DiT engine starting the forward of the batch that holds it;
+- ``launch``: the block stage's host time for the forward that made the block (on CUDA, queueing
+  its kernels: a launch time near the DiT's device time means the host, not the GPU, sets the pace);
 - ``gap``: the DiT stream's time from the previous DiT forward's clean pass to this block's first
   pass (the KV commit and gather and the inputs, a few ms at the Wan shape, plus any idle while
   the host had not yet launched this forward: what says whether the GPU waited for the host);
@@ -17,7 +19,8 @@ for each stage (``block``: ``first`` for a session's chunk 0, the time-to-first-
   and the websocket send);
 - ``total``: due -> sent. What the stages above do not cover (the hand-offs between pipeline
   stages, the wait for the next free encode or decode forward) is ``total`` minus their sum
-  (``gap`` is not part of a chunk's path: it overlaps the previous chunk's).
+  (``launch`` and ``gap`` are not parts of a chunk's path: the launch overlaps the DiT's device
+  time, the gap the previous chunk's).
 
 ``models.world.stage.BlockTimings`` carries the model stages' figures through the pipeline;
 ``realtime bench world --e2e`` scrapes this histogram per session count (``stage_ms``).
@@ -30,7 +33,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from realtime.media.stage import EncodedMedia
 
 METRIC = "world_stage_seconds"
-STAGES = ("queue", "gap", "denoise", "clean", "decode", "d2h", "encode", "send", "total")
+STAGES = ("queue", "launch", "gap", "denoise", "clean", "decode", "d2h", "encode", "send", "total")
 # ~1.25x apart from 1 ms to 30 s: a bench reads p50 and max from the buckets of one run
 BUCKETS_MS = (
     1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, 120, 150, 200, 250, 300, 400,
@@ -59,6 +62,7 @@ class StageTimer:
         block = "first" if first else "later"
         seconds = {
             "queue": max(0.0, t.started_at - due),
+            "launch": t.launch_ms / 1000,
             "gap": t.gap_ms / 1000,
             "denoise": t.denoise_ms / 1000,
             "clean": t.clean_ms / 1000,

@@ -54,6 +54,7 @@ def test_staged_frames_equal_the_models_step_with_stage_timings(device):
             # the DiT stream between forwards: none before the stage's first; then the commit, the
             # next gather and (here) the decode and the direct model's step the test runs between
             assert (t.gap_ms == 0) if block == 0 else (t.gap_ms > 0)
+            assert t.launch_ms == got.forward_ms > 0
             if device == "cpu":  # host clocks: the DiT's passes lie inside the stage's forward
                 assert t.denoise_ms + t.clean_ms <= got.forward_ms
 

@@ -26,7 +26,13 @@ def test_breakdown_reads_exact_means_p50_and_max_bucket():
     timer = StageTimer(registry)
     before = world_stages.parse(generate_latest(registry).decode())
     timings = BlockTimings(
-        started_at=10.0, gap_ms=3.0, denoise_ms=100.0, clean_ms=20.0, decode_ms=10.0, d2h_ms=2.0
+        started_at=10.0,
+        launch_ms=40.0,
+        gap_ms=3.0,
+        denoise_ms=100.0,
+        clean_ms=20.0,
+        decode_ms=10.0,
+        d2h_ms=2.0,
     )
     media = EncodedMedia(b"", 0, 1, 8, 8, 120.0, 12.0, 30.0, 1, timings)
     # first block: due 9.9 s, encoded at 10.2 s, sent 10.25 s
@@ -44,6 +50,7 @@ def test_breakdown_reads_exact_means_p50_and_max_bucket():
     assert figures["mean"]["denoise"] == pytest.approx(100.0)  # exact, where p50 only knows the bucket
     assert figures["mean"]["queue"] == pytest.approx((5 + 7 + 9 + 11 + 450) / 5)
     assert figures["mean"]["gap"] == pytest.approx(3.0)
+    assert figures["mean"]["launch"] == pytest.approx(40.0)
     assert set(figures["p50"]) == set(STAGES)
 
 

@@ -1,0 +1,145 @@
+"""CUDA-graph replay of the world DiT's steady-state pass: one graph per batch size.
+
+Why: a DiT pass is ``depth`` compiled blocks, and each block is a Python call that launches its
+kernels one by one (dynamo's guards, inductor's wrapper, FlashAttention-4's host-side interface):
+milliseconds of host time per pass, which the block stage's thread must keep ahead of the GPU
+while it shares the GIL with the event loop, the decode stage and the encode threads. A replayed
+graph launches a whole pass in one call (``docs/benchmarks.md``, "world: CUDA graphs").
+
+What is captured, for each batch size ``B`` from 1 to ``max_batch``: ``CausalDiT.forward`` over
+``B`` sessions whose windows are full (the steady state every session reaches at
+``KVGeometry.steady_block``: every resident frame visible, no mask, the full key length). Its
+inputs are static buffers: the noisy latents, their sigmas, frame positions and actions, and the
+cross-attention K/V (this object's, :meth:`DiTGraphs.load` and :meth:`DiTGraphs.run` copy into
+them), and the past K/V with room for the block (the pool's scratch, ``KVPool.reserve_scratch``,
+where ``KVPool.gather`` writes). The denoise passes and the clean pass replay the same graph
+(sigma is an input). The block's K/V that the clean pass leaves to commit are the past's room,
+where each pass's self-attention writes its tokens' K/V.
+
+Everything else runs as before, eagerly: a session's first blocks (its window filling), a batch
+mixing phases (under a mask), the noise, the re-noising between passes, the KV gather and commit
+(tens of launches per block against thousands per pass).
+
+Each capture is checked before it is used: the graph replayed over fresh inputs must match an
+eager forward over them, or :class:`GraphMismatch` is raised. Graphs share one memory pool and
+never replay at once (one block stage thread, one stream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models.cuda_graphs import capture
+from models.world.dit import KV, CausalDiT
+from models.world.kv_cache import KVPool
+
+MISMATCH_TOLERANCE = 0.02  # replay vs eager: max |difference| / max |eager x0| (bf16 rounding is ~1e-2)
+
+
+class GraphMismatch(RuntimeError):
+    """A captured DiT pass replayed a result that an eager forward over the same inputs does not give."""
+
+
+@dataclass
+class _Replay:
+    graph: torch.cuda.CUDAGraph
+    x0: Tensor  # the capture's output: every replay rewrites it
+
+
+class DiTGraphs:
+    """The steady pass of ``dit`` over ``pool`` as CUDA graphs, for batches of 1 to ``max_batch``
+    (see the module docstring). Construct, :meth:`capture`, then per block :meth:`load` once and
+    :meth:`run` per pass, for a batch that :meth:`covers`."""
+
+    def __init__(self, dit: CausalDiT, pool: KVPool, max_batch: int) -> None:
+        cfg, like = dit.cfg, pool.k
+        fpb = cfg.frames_per_block
+        self.dit, self.pool, self.max_batch = dit, pool, max_batch
+        self.room = fpb * cfg.tokens_per_frame
+        self.keys = pool.geometry.resident_frames * cfg.tokens_per_frame + self.room
+        self.x = like.new_zeros(max_batch, fpb, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
+        self.sigma = like.new_zeros(max_batch, fpb)
+        self.pos = torch.zeros(max_batch, fpb, dtype=torch.long, device=like.device)
+        self.actions = like.new_zeros(max_batch, fpb, cfg.action_dim)
+        text = (max_batch, cfg.text_len, cfg.heads, cfg.head_dim)
+        self.cross = [(like.new_zeros(text), like.new_zeros(text)) for _ in range(cfg.depth)]
+        if pool.scratch_batch < max_batch:
+            pool.reserve_scratch(max_batch)
+        self._scratch = pool.scratch_past(1, self.room)[0][0].data_ptr()  # where every gather's past starts
+        self._replays: dict[int, _Replay] = {}
+        self._memory = None
+        self.replayed = 0  # passes replayed so far
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        """Capture and check every batch size (seconds: a few eager forwards per size)."""
+        generator = torch.Generator(device=self.x.device).manual_seed(0)
+        for k, v in self.pool.scratch_past(self.max_batch, self.room):  # keys and values to attend to
+            k.normal_(generator=generator)
+            v.normal_(generator=generator)
+        for b in range(1, self.max_batch + 1):
+            self._replays[b] = self._capture(b, generator)
+
+    def covers(self, past: list[KV] | None, mask: Tensor | None) -> bool:
+        """Whether a pass over ``past`` and ``mask`` (as ``KVPool.gather`` returned them) replays a
+        graph: no mask, the full window, a captured batch size, the pool's scratch."""
+        if past is None or mask is not None:
+            return False
+        k = past[0][0]
+        return k.shape[0] in self._replays and k.shape[1] == self.keys and k.data_ptr() == self._scratch
+
+    def load(self, pos: Tensor, actions: Tensor, cross: list[KV]) -> None:
+        """A block's inputs that every pass shares: ``pos [B, F]``, ``actions [B, F, A]`` and
+        each layer's cross-attention K/V ``[B, L, H, D]``."""
+        b = pos.shape[0]
+        self.pos[:b].copy_(pos)
+        self.actions[:b].copy_(actions)
+        for (static_k, static_v), (k, v) in zip(self.cross, cross, strict=True):
+            static_k[:b].copy_(k)
+            static_v[:b].copy_(v)
+
+    def run(self, x: Tensor, sigma: float) -> Tensor:
+        """One pass over ``x [B, F, C, h, w]`` at noise ``sigma``: x0 (a fresh tensor)."""
+        b = x.shape[0]
+        self.x[:b].copy_(x)
+        self.sigma[:b].fill_(sigma)
+        replay = self._replays[b]
+        replay.graph.replay()
+        self.replayed += 1
+        return replay.x0.clone()
+
+    def _forward(self, b: int) -> Tensor:
+        past = self.pool.scratch_past(b, self.room)
+        cross = [(k[:b], v[:b]) for k, v in self.cross]
+        x0, _ = self.dit(self.x[:b], self.pos[:b], self.sigma[:b], self.actions[:b], cross, None, past)
+        return x0
+
+    def _probe(self, b: int, sigma: float, generator: torch.Generator) -> None:
+        """Fresh inputs for ``b`` sessions at steady-state positions."""
+        start = self.pool.geometry.steady_block * self.x.shape[1]
+        self.x[:b].normal_(generator=generator)
+        self.sigma[:b].fill_(sigma)
+        self.pos[:b].copy_(torch.arange(start, start + self.x.shape[1], device=self.pos.device))
+        self.actions[:b].normal_(generator=generator)
+        for k, v in self.cross:
+            k[:b].normal_(generator=generator)
+            v[:b].normal_(generator=generator)
+
+    def _capture(self, b: int, generator: torch.Generator) -> _Replay:
+        self._probe(b, 0.75, generator)
+        if self._memory is None:
+            self._memory = torch.cuda.graph_pool_handle()
+        graph, x0 = capture(lambda: self._forward(b), self._memory)
+        self._probe(b, 0.25, generator)  # new inputs: a replay must read them, not the capture's
+        want = self._forward(b)
+        graph.replay()
+        error = float((x0.float() - want.float()).abs().max())
+        scale = float(want.float().abs().max())
+        if not error <= MISMATCH_TOLERANCE * scale:  # also catches NaN
+            raise GraphMismatch(
+                f"batch {b}: replay differs from the eager pass by {error:.3g} (scale {scale:.3g})"
+            )
+        return _Replay(graph, x0)
