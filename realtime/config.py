@@ -170,12 +170,16 @@ class WorldConfig:
     # devices, falling back to eager passes with a warning if a capture fails; true: a failed
     # capture fails the load
     cuda_graphs: bool | Literal["auto"] = "auto"
+    # the CUDA stream priority of the DiT's passes against the decoder's stream (models/world/stage.py)
+    dit_priority: Literal["normal", "high"] = "normal"
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:
             raise _FieldError(f"{path}.fps", f"must be in min_fps..max_fps ({self.min_fps}..{self.max_fps})")
         if self.cuda_graphs is True and not self.device.startswith("cuda"):
             raise _FieldError(f"{path}.cuda_graphs", f"needs a CUDA device (device is {self.device!r})")
+        if self.dit_priority == "high" and not self.device.startswith("cuda"):
+            raise _FieldError(f"{path}.dit_priority", f"high needs a CUDA device (device is {self.device!r})")
 
     @property
     def compiles(self) -> bool:

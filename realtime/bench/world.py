@@ -34,7 +34,7 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    session / the device's dense bf16 peak (``--peak-tflops``, 989 for an H200); ``mfu_dit_span``
    divides by the DiT's own span per block instead (the ``denoise`` + ``clean`` stage means, one
    session: what the passes reach while they run, without the time between blocks). The served
-   ``world.cuda_graphs`` is ``--cuda-graphs``. Its JSON keys:
+   ``world.cuda_graphs`` is ``--cuda-graphs``, ``world.dit_priority`` ``--dit-priority``. Its JSON keys:
    ``fps_1``, ``ttff_ms``, ``aggregate_ratio_4`` (aggregate fps at 4 sessions / fps at 1, batched),
    ``mfu``, ``mfu_dit_span``, ``e2e_fps`` (per mode and ``n``), ``stage_ms`` (per mode and ``n``: where a chunk's
    time went, stage by stage, from the server's ``world_stage_seconds`` histogram scraped before
@@ -486,6 +486,7 @@ def e2e_section(args) -> dict[str, object]:
             "compute_admission": False,
             "compile": COMPILE[args.compile],
             "cuda_graphs": COMPILE[args.cuda_graphs],
+            "dit_priority": args.dit_priority,
         }
         if args.encode_threads is not None:
             served["encode_threads"] = args.encode_threads
@@ -579,6 +580,12 @@ def main(argv: list[str]) -> int:
         help="section 6: the served world.cuda_graphs (auto, the server's default: on for CUDA)",
     )
     p.add_argument(
+        "--dit-priority",
+        choices=("normal", "high"),
+        default="normal",
+        help="section 6: the served world.dit_priority (the DiT's CUDA stream priority)",
+    )
+    p.add_argument(
         "--fp8", action="store_true", help="the DiT's block matmuls in FP8 (world.fp8), every section"
     )
     p.add_argument(
@@ -605,6 +612,7 @@ def main(argv: list[str]) -> int:
                     "fp8": args.fp8,
                     "compile": args.compile,
                     "cuda_graphs": args.cuda_graphs,
+                    "dit_priority": args.dit_priority,
                     "attention": args.attention,
                 }
             )

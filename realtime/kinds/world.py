@@ -202,7 +202,7 @@ class WorldService(KindServiceBase):
         wc, model, plan = self.config, self.model, self.plan
         assert model is not None and plan is not None, "load() runs before start()"
         stages = (
-            WorldBlockStage(model, device=wc.device),
+            WorldBlockStage(model, device=wc.device, high_priority=wc.dit_priority == "high"),
             WorldDecodeStage(model, device=wc.device),
             MediaEncodeStage(model.pool.slots, threads=wc.encode_threads),
         )
