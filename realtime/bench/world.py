@@ -573,18 +573,15 @@ def main(argv: list[str]) -> int:
         default="auto",
         help="section 6: the served world.compile (auto, the server's default: on for CUDA; bare --compile: on)",
     )
-    p.add_argument(
-        "--cuda-graphs",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="section 6: the served world.cuda_graphs (auto, the server's default: on for CUDA)",
-    )
-    p.add_argument(
-        "--dit-priority",
-        choices=("normal", "high"),
-        default="normal",
-        help="section 6: the served world.dit_priority (the DiT's CUDA stream priority)",
-    )
+    for flag, choices, served in (
+        (
+            "--cuda-graphs",
+            ("auto", "on", "off"),
+            "world.cuda_graphs (auto, the server's default: on for CUDA)",
+        ),
+        ("--dit-priority", ("normal", "high"), "world.dit_priority (the DiT's CUDA stream priority)"),
+    ):
+        p.add_argument(flag, choices=choices, default=choices[0], help=f"section 6: the served {served}")
     p.add_argument(
         "--fp8", action="store_true", help="the DiT's block matmuls in FP8 (world.fp8), every section"
     )
