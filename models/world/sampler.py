@@ -103,8 +103,7 @@ class FlowSampler:
         past: list[KV] | None,
         replay: bool,
     ) -> tuple[Tensor, list[KV]]:
-        """One DiT pass at noise ``s``: x0 and its tokens' K/V (in the past's room when there is
-        a past: where the self-attention writes them, graph or not)."""
+        """One DiT pass at noise ``s``: x0 and, from an eager pass, its tokens' K/V."""
         if self.mark is not None:
             self.mark()
         if replay:
@@ -115,9 +114,6 @@ class FlowSampler:
             x0, kv = self.dit(x, pos, sigma, actions, cross, mask, past)
         if self.mark is not None:
             self.mark()
-        if past is not None:
-            room = x.shape[1] * self.cfg.tokens_per_frame
-            kv = [(k[:, -room:], v[:, -room:]) for k, v in past]
         return x0, kv
 
     def _replays(
@@ -171,10 +167,14 @@ class FlowSampler:
         self, reqs: Sequence[BlockRequest], x0: Tensor, past: list[KV], mask: Tensor | None, cross: list[KV]
     ) -> list[KV]:
         """The sigma = 0 pass over the final x0: the block's K/V to commit (nothing written yet;
-        with a past they are views of its room, valid until the next gather)."""
+        from a replayed graph they are views of the past's room, valid until the next gather)."""
         _, _, pos, actions = self._inputs(reqs)
         replay = self._replays(past, mask, pos, actions, cross)
-        return self._pass(x0, 0.0, pos, actions, cross, mask, past, replay)[1]
+        _, kv = self._pass(x0, 0.0, pos, actions, cross, mask, past, replay)
+        if not replay:
+            return kv
+        room = x0.shape[1] * self.cfg.tokens_per_frame  # where the replayed self-attention wrote them
+        return [(k[:, -room:], v[:, -room:]) for k, v in past]
 
     def generate(self, reqs: Sequence[BlockRequest]) -> Tensor:
         """Denoise, clean pass, then commit every session's block K/V; returns x0."""

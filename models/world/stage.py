@@ -74,9 +74,8 @@ class BlockTimings:
     when the engine picked the batch: the kind measures the queue wait up to it."""
 
     started_at: float
-    launch_ms: (
-        float  # host time of the block stage's forward: queueing the DiT's work (CUDA) or doing it (CPU)
-    )
+    # host time of the block stage's forward: queueing the DiT's work (CUDA), doing it (CPU)
+    launch_ms: float
     # the DiT stream from the previous forward's clean pass to this forward's first pass: the
     # KV commit and gather, inputs and noise, plus any idle while the host had not launched it
     # (0 for the stage's first forward)
