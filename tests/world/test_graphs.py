@@ -23,6 +23,7 @@ from models.world.model import WorldModel, WorldTick
 from realtime.config import ConfigError, config_from_mapping
 
 ACTION = torch.zeros(TEST.action_dim)
+TEST_STEADY = KVGeometry.of(TEST, torch.float32).steady_block
 
 
 class _RerunGraph:
@@ -240,3 +241,27 @@ def test_captured_graphs_replay_the_eager_blocks_on_cuda(attention, dtype, compi
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+def test_graphs_meet_the_compiled_blocks_warm_up_graphs_and_no_more(rerun_capture):
+    """Captured over static buffers and the pool's scratch, a compiled DiT still has the five
+    graphs of ``CausalDiT.compile_blocks`` (the static views match what eager gathers pass), and
+    serving after the load (capture, then the warm-up) compiles nothing more."""
+    from torch._dynamo.testing import CompileCounter
+
+    from realtime.kinds.world import measure_step_seconds
+
+    model = WorldModel.build(TEST, slots=4, dtype=torch.float64, seed=5)
+    counter = CompileCounter()
+    model.dit.compile_blocks(backend=counter)
+    model.capture_graphs(4)  # the world kind's load: capture, then the warm-up
+    measure_step_seconds(model, max_batch=4)
+    assert counter.frame_count == 5
+    plain = WorldModel.build(TEST, slots=4, dtype=torch.float64, seed=5)
+    for group in (["a"], ["b", "c", "d"]):  # batch 3: a graph the warm-up never replayed
+        for i, sid in enumerate(group):
+            model.open(sid, seed=i)
+            plain.open(sid, seed=i)
+        _schedule(plain, model, [[(sid, "stone") for sid in group]] * (TEST_STEADY + 2))
+    assert counter.frame_count == 5, "a session compiled while it was served"
+    assert model.graphs is not None and model.graphs.replayed > 0
