@@ -83,10 +83,13 @@ def test_graphed_blocks_equal_eager_blocks_over_phases_batches_and_prompts(rerun
     rounds += [[("a", "stone"), ("b", "sand")]] * steady  # b fills its window, then both replay
     rounds += [[("c", "ice"), ("a", "stone"), ("b", "sand")]] * (steady + 2)  # three, c filling first
     rounds += [[("b", "a new prompt"), ("a", "stone")]] * 2  # a prompt change: fresh cross K/V
+    rounds += [[("b", "a new prompt")]]  # b moves from the scratch's row 2 to row 0 ...
+    rounds += [[("c", "ice"), ("a", "stone"), ("b", "a new prompt")]] * 2  # ... and back
     _schedule(plain, graphed, rounds)
     passes = len(TEST.sigmas) + 1
-    # steady batches: a alone twice, a + b once (b's steady block), then a + b + c twice, then two
-    replayed_blocks = 2 + 1 + 2 + 2
+    # steady batches: a alone twice, a + b once (b's steady block), then a + b + c twice, then two,
+    # then b alone, then the three twice
+    replayed_blocks = 2 + 1 + 2 + 2 + 1 + 2
     assert graphed.graphs is not None and graphed.graphs.replayed == passes * replayed_blocks
     for sid in ("a", "b", "c"):  # the committed KV (from the past's room) is the same
         for got, want in zip(graphed.pool.snapshot(sid), plain.pool.snapshot(sid), strict=True):
@@ -150,6 +153,32 @@ def test_the_gather_scratch_returns_views_equal_to_fresh_buffers():
         assert torch.equal(hk[:, :length], fk[:, :length]) and torch.equal(hv[:, :length], fv[:, :length])
     third, _ = pool.gather(["a", "b", "c"], [100] * 3, room)  # past the scratch: fresh buffers again
     assert third[0][0].data_ptr() != scratch[0][0].data_ptr()
+
+
+def test_a_steady_gather_into_the_scratch_copies_a_session_once_then_commits_keep_it():
+    pool = KVPool(KVGeometry.of(TEST, torch.float32), 2, torch.float32, "cpu")
+    g = pool.geometry
+    room, tpf = g.frames_per_block * g.tokens_per_frame, g.tokens_per_frame
+    pool.open("a")
+    pool.reserve_scratch(1)
+    pool.frame_pos[0] = torch.tensor([*range(g.sink_frames), *range(100 - g.window_frames, 100)])
+    pool.k.normal_()
+    first, _ = pool.gather(["a"], [100], room)
+    held = first[0][0][0, : g.resident_frames * tpf].clone()
+    assert torch.equal(held, pool.k[0, 0, : g.resident_frames * tpf])
+    pool.k[0, 0].zero_()  # behind the pool's back: a second gather must not copy again
+    again, _ = pool.gather(["a"], [100], room)
+    assert torch.equal(again[0][0][0, : g.resident_frames * tpf], held)
+    block = [(torch.ones(1, room, g.heads, g.head_dim), torch.ones(1, room, g.heads, g.head_dim))] * g.layers
+    pool.commit(["a"], [100], block)  # the commit writes the row too
+    after, _ = pool.gather(["a"], [100 + g.frames_per_block], room)
+    for frame in range(100, 100 + g.frames_per_block):
+        dst = pool._index(frame) * tpf
+        assert bool((after[0][0][0, dst : dst + tpf] == 1).all())
+    pool.gather(["a"], [100 + g.frames_per_block], room=0)  # another layout: the rows move
+    pool.k[0, 0].fill_(2.0)  # so the next gather copies again
+    moved, _ = pool.gather(["a"], [100 + g.frames_per_block], room)
+    assert bool((moved[0][0][0, : g.resident_frames * tpf] == 2).all())
 
 
 def test_graph_memory_is_planned():
