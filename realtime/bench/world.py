@@ -34,7 +34,8 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    session / the device's dense bf16 peak (``--peak-tflops``, 989 for an H200); ``mfu_dit_span``
    divides by the DiT's own span per block instead (the ``denoise`` + ``clean`` stage means, one
    session: what the passes reach while they run, without the time between blocks). The served
-   ``world.cuda_graphs`` is ``--cuda-graphs``, ``world.dit_priority`` ``--dit-priority``. Its JSON keys:
+   ``world.cuda_graphs`` is ``--cuda-graphs``, ``world.dit_priority`` ``--dit-priority``;
+   ``--e2e-batched-only`` skips the time-sliced server. Its JSON keys:
    ``fps_1``, ``ttff_ms``, ``aggregate_ratio_4`` (aggregate fps at 4 sessions / fps at 1, batched),
    ``mfu``, ``mfu_dit_span``, ``e2e_fps`` (per mode and ``n``), ``stage_ms`` (per mode and ``n``: where a chunk's
    time went, stage by stage, from the server's ``world_stage_seconds`` histogram scraped before
@@ -472,15 +473,16 @@ def e2e_section(args) -> dict[str, object]:
     """Section 6: end to end through ``realtime serve`` (see the module docstring)."""
     flops, video_frames_per_block = _dit_flops_per_block(args)
     steady = KVGeometry.of(resolve_model(args.model, None)[0], torch.float32).steady_block
-    figures: dict[str, dict[str, float]] = {"batched": {}, "sliced": {}}
-    stage_ms: dict[str, dict[str, world_stages.Breakdown]] = {"batched": {}, "sliced": {}}
+    modes = [("batched", max(args.e2e_sessions))] + ([] if args.e2e_batched_only else [("sliced", 1)])
+    figures: dict[str, dict[str, float]] = {mode: {} for mode, _ in modes}
+    stage_ms: dict[str, dict[str, world_stages.Breakdown]] = {mode: {} for mode, _ in modes}
     ttff: list[float] = []
     print(
         f"end to end through realtime serve, {args.model} on {args.device} ({args.dtype}"
         f"{', FP8 DiT matmuls' if args.fp8 else ''}), fast pacing, JPEG"
     )
     counts = [str(n) for n in args.e2e_sessions]
-    for mode, max_batch in (("batched", max(args.e2e_sessions)), ("sliced", 1)):
+    for mode, max_batch in modes:
         served = {
             "max_batch": max_batch,
             "compute_admission": False,
@@ -509,7 +511,8 @@ def e2e_section(args) -> dict[str, object]:
                     ttff.extend(r.ttff_s for r in runs)
     print(f"{'sessions':>8} {'batched fps':>12} {'sliced fps':>11}   (aggregate; per session = / sessions)")
     for n in counts:
-        print(f"{n:>8} {figures['batched'][n]:>12.1f} {figures['sliced'][n]:>11.1f}")
+        sliced = f"{figures['sliced'][n]:>11.1f}" if "sliced" in figures else f"{'-':>11}"
+        print(f"{n:>8} {figures['batched'][n]:>12.1f} {sliced}")
     fps_1 = figures["batched"]["1"]
     peak = args.peak_tflops * 1e12
     mfu = flops * (fps_1 / video_frames_per_block) / peak
@@ -564,6 +567,11 @@ def main(argv: list[str]) -> int:
         nargs="+",
         default=[1, 2, 4, 8],
         help="section 6: session counts (1 first)",
+    )
+    p.add_argument(
+        "--e2e-batched-only",
+        action="store_true",
+        help="section 6: skip the time-sliced server (half the run; the headline keys need only the batched one)",
     )
     p.add_argument(
         "--compile",

@@ -37,6 +37,15 @@ def test_e2e_section_reports_fps_ttff_aggregate_mfu_and_stage_breakdown(capsys):
     assert any(line.strip().startswith("denoise") for line in out)  # the printed breakdown
 
 
+def test_e2e_batched_only_skips_the_time_sliced_server(capsys):
+    argv = ["--e2e", "--model", "world-test", "--e2e-seconds", "0.3", "--e2e-warmup-s", "0.1"]
+    assert world.main([*argv, "--e2e-sessions", "1", "--e2e-batched-only"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    figures = json.loads(out[-1])
+    assert set(figures["e2e_fps"]) == set(figures["stage_ms"]) == {"batched"}
+    assert figures["fps_1"] > 0 and not any(line.lstrip().startswith("sliced") for line in out)
+
+
 def test_session_fps_runs_from_its_first_to_its_last_chunk_in_the_window():
     session = E2ESession(arrivals=[(9.9, 12), (10.0, 12), (10.4, 12), (10.8, 12), (11.2, 12), (12.1, 12)])
     assert session.fps_in(10.0, 12.0) == pytest.approx(36 / 1.2)  # not 48 frames / 2 s
