@@ -36,15 +36,18 @@ def weight_bytes(cfg: WorldModelConfig, dtype: torch.dtype, fp8: bool = False) -
     return sum(t.numel() * t.element_size() for m in (dit, decoder) for t in (*m.parameters(), *m.buffers()))
 
 
-def dit_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> int:
+def dit_activation_bytes(
+    cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, masked: bool = True
+) -> int:
     """Peak live activations of one DiT forward over ``max_batch`` sessions' blocks: per token the
     residual stream, the normed input, QKV, the roped Q/K, the attention output and the MLP's
-    hidden layer before and after its GELU; plus a block-causal mask when one is needed."""
+    hidden layer before and after its GELU; plus, with ``masked``, a block-causal mask (a batch
+    mixing phases needs one)."""
     elem = torch.empty((), dtype=dtype).element_size()
     tokens = max_batch * cfg.frames_per_block * cfg.tokens_per_frame
     per_token = (10 * cfg.dim + 2 * cfg.ffn_dim) * elem
     keys = (cfg.sink_frames + cfg.window_frames + cfg.frames_per_block) * cfg.tokens_per_frame
-    mask = max_batch * cfg.frames_per_block * cfg.tokens_per_frame * keys  # bool
+    mask = max_batch * cfg.frames_per_block * cfg.tokens_per_frame * keys if masked else 0  # bool
     return tokens * per_token + mask
 
 
@@ -65,9 +68,10 @@ def decoder_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batc
 
 def graph_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> int:
     """What CUDA graphs of the DiT's steady pass hold on top (``models.world.graphs``): their
-    memory pool, one forward's activations at ``max_batch`` beside the caching allocator's own,
-    and their static cross-attention K/V. (Their past K/V is the gather scratch counted anyway.)"""
-    return dit_activation_bytes(cfg, dtype, max_batch) + max_batch * KVGeometry.of(cfg, dtype).cross_bytes
+    memory pool, one unmasked forward's activations at ``max_batch`` beside the caching allocator's
+    own, and their static cross-attention K/V. (Their past K/V is the gather scratch counted anyway.)"""
+    activations = dit_activation_bytes(cfg, dtype, max_batch, masked=False)
+    return activations + max_batch * KVGeometry.of(cfg, dtype).cross_bytes
 
 
 def fixed_bytes(
