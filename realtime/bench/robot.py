@@ -3,7 +3,8 @@
 Both servers run as their own processes on loopback, each serving a policy built by
 ``realtime.kinds.robot.build_policy`` (openpi-server through :class:`OpenPIPolicy`, the
 ``BasePolicy`` adapter doing ``prepare`` + a batch-of-one ``infer``), with the same torch thread
-count. Clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this process.
+count. Clients are :class:`~realtime.bench.openpi_robot.OpenPIRobot` on threads of this process (the
+calls ``openpi_client.WebsocketClientPolicy`` makes, plus a public ``close``).
 
 (a) Round-trip overhead: one client, the trivial ``zeros`` policy, LIBERO (2x224x224x3 uint8 +
     state + prompt) and ALOHA (4x3x224x224 uint8 + state) observations; blocks of 10 requests
@@ -64,7 +65,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from models.policy import examples
+from realtime.bench import examples
 
 
 class OpenPIPolicy:
@@ -168,9 +169,9 @@ def serve_peer(policy: str, port: int, threads: int, device: str, fp8: bool = Fa
 
 
 def _client(url: str):
-    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+    from realtime.bench.openpi_robot import OpenPIRobot
 
-    return WebsocketClientPolicy(url)
+    return OpenPIRobot(url)
 
 
 def _round_trips(client: Any, obs: dict, n: int, timings: list | None = None) -> list[float]:
@@ -195,7 +196,7 @@ def overhead(url_ours: str, url_peer: str, obs: dict, requests: int, blocks: int
         for name, client in clients.items():
             samples[name] += _round_trips(client, obs, requests // blocks)
     for client in clients.values():
-        client._ws.close()
+        client.close()
     return samples
 
 
@@ -224,7 +225,7 @@ def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[floa
         t.join()
     elapsed = time.perf_counter() - start
     for robot in robots:
-        robot._ws.close()
+        robot.close()
     flat = [x for per in latencies for x in per]
     return len(flat) / elapsed, flat, timings
 
@@ -247,20 +248,20 @@ def idle_robots(url: str, requests: int, rounds: int) -> dict[str, list[float]]:
         time.sleep(PAUSE_S)
         samples["paused"] += _round_trips(active, obs, per_block)
         for robot in paused:
-            robot._ws.close()
-    active._ws.close()
+            robot.close()
+    active.close()
     return samples
 
 
-PEER_EXTRA = "pip install 'realtime-sessions[test]' typing_extensions"
+PEER_EXTRA = "pip install 'realtime-sessions[test]'"
 
 
 def missing_peer() -> str | None:
-    """One line naming what this bench needs and lacks (openpi-server is the peer, openpi-client
-    the robots; both are in the ``test`` extra, and openpi-client 0.1.2 imports the undeclared
-    ``typing_extensions``), or ``None`` when everything imports."""
+    """One line naming what this bench needs and lacks (openpi-server is the peer, openpi-client's
+    msgpack-numpy codec the robots'; both are in the ``test`` extra), or ``None`` when everything
+    imports."""
     try:
-        import openpi_client.websocket_client_policy  # noqa: F401
+        import openpi_client.msgpack_numpy  # noqa: F401
         import openpi_server  # noqa: F401
     except ImportError as exc:
         return f"realtime bench robot: needs {exc.name or 'openpi-client and openpi-server'}: {PEER_EXTRA}"
