@@ -10,6 +10,10 @@ field and the traceback text through :func:`redact`, which hides ``Authorization
 headers), ``api_key=`` query parameters (uvicorn logs request paths with their query) and
 ``openai-insecure-api-key.<key>`` subprotocols.
 
+:func:`log_limited` logs a routine line that a client can trigger at will (a protocol error that
+closes its own connection) at most once per :data:`INTERNAL_ERROR_WINDOW_S` per key, counting the
+ones suppressed meanwhile.
+
 :func:`log_internal_error` is the one way to log an unexpected server error of a session: one
 ERROR line with the traceback, at most :data:`INTERNAL_ERRORS_PER_WINDOW` per session per
 :data:`INTERNAL_ERROR_WINDOW_S` (the next logged line counts the ones suppressed meanwhile), so a
@@ -124,7 +128,7 @@ class _Window:
 
 
 class InternalErrorLimiter:
-    """Per-session token window for internal-error tracebacks; bounded memory, thread-safe."""
+    """Per-key (a session id, a kind of client error) token window; bounded memory, thread-safe."""
 
     def __init__(
         self,
@@ -160,6 +164,18 @@ class InternalErrorLimiter:
 
 
 _limiter = InternalErrorLimiter()
+_notice_limiter = InternalErrorLimiter()
+
+
+def log_limited(logger: logging.Logger, level: int, key: str, msg: str, **fields: object) -> bool:
+    """Log ``msg`` with ``fields`` at most once per window for ``key``; returns whether it did."""
+    suppressed = _notice_limiter.admit(key)
+    if suppressed is None:
+        return False
+    if suppressed:
+        fields["suppressed"] = suppressed
+    logger.log(level, msg, extra=fields)
+    return True
 
 
 def log_internal_error(

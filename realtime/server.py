@@ -23,7 +23,9 @@ parsed and before the first frame header is read (:class:`RouteLimitedServerProt
 ``websockets`` refuses an oversized frame from its header, before its payload is read or
 assembled, and closes with 1009. It also stops reading from a peer while its outbound buffer is
 over the high-water mark (a peer that does not read cannot make the server queue pongs without
-bound), and exposes abort to the drain (``realtime.connections.TransportControl``).
+bound), and exposes abort to the drain (``realtime.connections.TransportControl``). A text
+message that is not valid UTF-8 closes the connection with 1007 and one INFO line a minute for
+all such clients (``realtime.logs.log_limited``), never a traceback.
 """
 
 from __future__ import annotations
@@ -47,11 +49,13 @@ from websockets.server import ServerProtocol
 from realtime.app import create_app
 from realtime.config import DeployConfig
 from realtime.connections import TRANSPORT_EXTENSION, TransportControl
+from realtime.logs import log_limited
 
 log = logging.getLogger("realtime.server")
 
 PROBE_RESERVE = 16  # connections kept above server.max_connections for /healthz and /readyz
 FD_HEADROOM = 256  # fds left for model files, worker pipes, logs when capping max_connections
+INVALID_DATA = 1007  # RFC 6455: a text message that is not UTF-8
 FIRST_REQUEST_TIMEOUT_S = 10.0  # a new connection must send its first request's headers by then
 MIN_HTTP_SHUTDOWN_S = 0.5  # uvicorn's own shutdown gets at least this after the websocket drain
 _SERVICE_UNAVAILABLE = (
@@ -156,6 +160,36 @@ class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
             self.transport.close()
             return
         super().handle_parser_exception()
+
+    def send_receive_event_to_app(self) -> None:
+        """uvicorn's, but a text message that is not UTF-8 is a protocol error of the client:
+        close 1007 and one rate-limited INFO line (uvicorn logs an ERROR with a traceback for each,
+        and a second bad frame in the same segment raised on a closing connection)."""
+        data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+        self.frames = []
+        if self.close_sent:  # past websocket.close (or a refused frame): reads only wait for EOF
+            return
+        if self.curr_msg_data_type == "text":
+            try:
+                message: Any = {"type": "websocket.receive", "text": data.decode()}
+            except UnicodeDecodeError as exc:
+                log_limited(
+                    log,
+                    logging.INFO,
+                    "invalid_utf8",
+                    "invalid UTF-8 in a text message: closed 1007",
+                    client=f"{self.client[0]}:{self.client[1]}" if self.client else "-",
+                    position=exc.start,
+                )
+                self.conn.fail(INVALID_DATA, "invalid UTF-8 in a text message")
+                self.handle_parser_exception()  # writes the close frame, ends the connection
+                return
+        else:
+            message = {"type": "websocket.receive", "bytes": data}
+        self.queue.put_nowait(message)
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
 
     def handle_connect(self, event: WsRequest) -> None:
         super().handle_connect(event)

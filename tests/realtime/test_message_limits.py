@@ -205,3 +205,28 @@ def test_hostile_json_gets_typed_errors_and_the_socket_stays_open(served):
                 assert json.loads(reply)["data"] == 7
                 break
     assert "Traceback" not in log.read_text()
+
+
+def _invalid_utf8_frames(url: str, frames: int) -> int | None:
+    """Connect to the world route, send ``frames`` text frames of invalid UTF-8 in one TCP
+    segment, and return the close code the server answered with."""
+    client = RawClient(_ws(url) + WORLD)
+    for _ in range(frames):
+        client.protocol.send_text(b'{"type": "session.ping", "data": "\xff\xfe"}')
+    client.sock.sendall(b"".join(client.protocol.data_to_send()))
+    code = client.close_code()
+    client.close()
+    return code
+
+
+def test_invalid_utf8_closes_1007_with_one_rate_limited_line_and_no_traceback(served):
+    url, log = served
+    before = log.read_text()
+    assert [_invalid_utf8_frames(url, 1) for _ in range(20)] == [1007] * 20
+    assert _invalid_utf8_frames(url, 2) == 1007  # two in one segment: still a close frame
+    with connect(_ws(url) + WORLD, open_timeout=30) as ws:  # the server is fine
+        ws.send(json.dumps({"type": "session.ping", "data": 1}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.pong"
+    new = log.read_text()[len(before) :]
+    assert "Traceback" not in new and "Fatal error" not in new and "level=error" not in new, new[-3000:]
+    assert new.count("invalid UTF-8") == 1, new[-3000:]  # 21 connections, one line a minute
