@@ -204,7 +204,6 @@ class WorldConfig:
     compute_utilisation: Fraction = 0.8
     max_prompt_chars: PositiveInt = 2000
     compile: bool | Literal["auto"] = "auto"  # torch.compile each DiT block; auto: on CUDA devices
-    fp8: bool = False  # DiT block matmuls in FP8 (models/fp8.py; CUDA sm89+, allowed but slower on CPU)
     # the DiT's attention kernel (models/world/attention.py): auto = flash4 on a Hopper GPU in
     # bf16/fp16 where the flash4 extra is installed, else sdpa; flash4 elsewhere fails the load
     attention: Literal["auto", "sdpa", "flash4"] = "auto"
@@ -212,16 +211,12 @@ class WorldConfig:
     # devices, falling back to eager passes with a warning if a capture fails; true: a failed
     # capture fails the load
     cuda_graphs: bool | Literal["auto"] = "auto"
-    # the CUDA stream priority of the DiT's passes against the decoder's stream (models/world/stage.py)
-    dit_priority: Literal["normal", "high"] = "normal"
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:
             raise _FieldError(f"{path}.fps", f"must be in min_fps..max_fps ({self.min_fps}..{self.max_fps})")
         if self.cuda_graphs is True and not self.device.startswith("cuda"):
             raise _FieldError(f"{path}.cuda_graphs", f"needs a CUDA device (device is {self.device!r})")
-        if self.dit_priority == "high" and not self.device.startswith("cuda"):
-            raise _FieldError(f"{path}.dit_priority", f"high needs a CUDA device (device is {self.device!r})")
 
     @property
     def compiles(self) -> bool:

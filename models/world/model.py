@@ -88,15 +88,10 @@ class WorldModel:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
-        fp8: bool = False,
         attention: str = "sdpa",
     ) -> WorldModel:
         """Random init from ``seed`` (or ``weights``), eval mode, a pool of ``slots`` sessions.
 
-        ``fp8``: the DiT's block matmuls in FP8 (``CausalDiT.to_fp8``: weights quantized once
-        after loading, per output channel; activations per token); the decoder, the KV pool and
-        every other tensor stay in ``dtype``. Meant for CUDA from sm89 (Hopper: twice the bf16
-        peak); allowed on the CPU, where it is slower (no FP8 units) and serves the tests.
         ``attention``: the DiT's attention kernel, ``auto``, ``sdpa`` or ``flash4``
         (``models.world.attention.resolve_kernel``)."""
         torch.manual_seed(seed)
@@ -106,8 +101,6 @@ class WorldModel:
             load_model_weights(dit, weights, "dit.")
             load_model_weights(decoder, weights, "decoder.")
         dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
-        if fp8:
-            dit.to_fp8()
         dit.attention = resolve_kernel(attention, device, dtype)
         decoder = decoder.to(device=device, dtype=dtype).eval().requires_grad_(False)
         pool = KVPool(KVGeometry.of(cfg, dtype), slots, dtype, device)

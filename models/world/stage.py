@@ -139,23 +139,12 @@ def world_input(snapshot: Any) -> WorldBlockInput:
 
 
 class WorldBlockStage:
-    """``high_priority`` (CUDA): the DiT's passes run on a stream of the device's highest priority,
-    so when the decoder's kernels (on their own stream) and the next DiT kernel both wait for SMs,
-    the DiT's go first and the decoder fills the SMs the DiT leaves idle (its kernels' last waves,
-    the gaps between them); otherwise both streams share the SMs as they come."""
-
-    def __init__(
-        self, model: WorldModel, name: str = "world-dit", device: str = "cpu", high_priority: bool = False
-    ) -> None:
+    def __init__(self, model: WorldModel, name: str = "world-dit", device: str = "cpu") -> None:
         self.model = model
         self.name = name
         self.device = device
         self.slot_capacity = model.pool.slots
         self._last_end: Mark | None = None  # the last forward's last mark (BlockTimings.gap_ms)
-        self._stream = None
-        if high_priority and model.pool.k.is_cuda:
-            # torch maps a priority past the device's range to its highest (lower = higher)
-            self._stream = torch.cuda.Stream(model.pool.k.device, priority=-(2**10))
 
     def state_bytes(self) -> int:
         return self.model.pool.geometry.bytes_per_session
@@ -168,13 +157,6 @@ class WorldBlockStage:
         self.model.release(session_id)
 
     def forward(self, items: Sequence[StageItem]) -> list[WorldBlock]:
-        if self._stream is None:
-            return self._forward(items)
-        self._stream.wait_stream(torch.cuda.current_stream())  # whatever this thread queued before
-        with torch.cuda.stream(self._stream):
-            return self._forward(items)
-
-    def _forward(self, items: Sequence[StageItem]) -> list[WorldBlock]:
         started_at, t0 = time.monotonic(), time.perf_counter()
         inputs: list[WorldBlockInput] = [item.payload for item in items]
         for inp in inputs:

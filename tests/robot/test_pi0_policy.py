@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from models.policy import presets
-from models.policy.examples import aloha, droid, libero
 from models.policy.interface import ObservationError
 from models.policy.pi0 import flow_times
 from models.policy.pi0_policy import Pi0Policy
 from models.policy.rtc import RTCOptions, prefix_weights
+from realtime.bench.examples import aloha, droid, libero
 from realtime.protocols import openpi
 
 

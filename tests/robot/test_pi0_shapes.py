@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from models.cuda_graphs import buckets
-from models.policy import examples
 from models.policy.pi0 import PI0, PI0_TINY, PI05, Pi0
 from models.policy.pi0_policy import Pi0Policy
+from realtime.bench import examples
 
 
 @pytest.mark.parametrize("config", [PI0, PI05], ids=["pi0", "pi0.5"])

@@ -188,7 +188,7 @@ def test_graph_memory_is_planned():
     assert with_graphs - without == pytest.approx(ALLOCATOR_MARGIN * graph_bytes(TEST, dtype, 4), abs=2)
 
 
-def test_cuda_graphs_and_dit_priority_configs_resolve_per_device():
+def test_cuda_graphs_config_resolves_per_device():
     def world(**kw):
         return config_from_mapping({"world": {"enabled": True, **kw}}).world
 
@@ -197,9 +197,6 @@ def test_cuda_graphs_and_dit_priority_configs_resolve_per_device():
     assert world(device="cuda", cuda_graphs=False).graphs is False
     with pytest.raises(ConfigError, match="cuda_graphs"):
         world(cuda_graphs=True)  # on the CPU
-    assert world(device="cuda", dit_priority="high").dit_priority == "high"
-    with pytest.raises(ConfigError, match="dit_priority"):
-        world(dit_priority="high")  # on the CPU
 
 
 def test_a_failed_capture_under_auto_leaves_eager_passes(monkeypatch, caplog):
