@@ -300,20 +300,24 @@ def recipe_for(pi05: bool, preset: str, openpi_config: str, asset_dir: str) -> R
     return RECIPES[f"{family}_{preset}"]
 
 
-def _tokenizer(path: Path) -> Any:
+def _tokenizer(path: Path, vocab_size: int) -> Any:
+    """The sentencepiece tokenizer, whose ids must index the model's ``vocab_size`` embeddings."""
     from models.policy.processing import PaligemmaTokenizer
 
     if not path.is_file():
-        raise CheckpointError(
-            path, "file not found (the PaliGemma sentencepiece tokenizer, paligemma_tokenizer.model)"
-        )
+        why = "file not found (the PaliGemma sentencepiece tokenizer, paligemma_tokenizer.model)"
+        raise CheckpointError(path, why)
     try:
-        return PaligemmaTokenizer(str(path))
+        tokenizer = PaligemmaTokenizer(str(path))
     except (OSError, RuntimeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(path, f"not a sentencepiece model ({first})") from None
+    pieces = tokenizer.sp.get_piece_size()
+    if pieces > vocab_size:
         raise CheckpointError(
-            path,
-            f"not a sentencepiece model ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
-        ) from None
+            path, f"has {pieces} pieces, more than the model's {vocab_size} token embeddings"
+        )
+    return tokenizer
 
 
 OUTPUT_DIMS = {"libero": 7, "droid": 8, "aloha": 14}
@@ -351,7 +355,7 @@ def inspect(
     processing = Processing(
         state_stats=state_stats,
         action_stats=action_stats,
-        tokenizer=_tokenizer(tokenizer_path),
+        tokenizer=_tokenizer(tokenizer_path, model.vocab_size),
         prompt_style="openpi",
         max_tokens=model.prompt_len,
         discrete_state=recipe.discrete_state,
@@ -423,7 +427,7 @@ def _inspect_lerobot(
     processing = Processing(
         state_stats=state_stats,
         action_stats=action_stats,
-        tokenizer=_tokenizer(tokenizer),
+        tokenizer=_tokenizer(tokenizer, model.vocab_size),
         prompt_style="lerobot",
         max_tokens=max_tokens,
         discrete_state=pi05,
@@ -552,3 +556,63 @@ def write_openpi(
 def with_runtime(checkpoint: Checkpoint, dtype: str, seed: int) -> Any:
     """The checkpoint's model config with the serving dtype and noise seed."""
     return replace(checkpoint.model, dtype=dtype, seed=seed)
+
+
+_TOKENIZER_CORPUS = (
+    "put the bowl on the plate. open the drawer. transfer the cube. pick up the red block and "
+    "place it in the bin. fold the towel. uncap the pen. Task: , State: 0 1 2 3 4 5 6 7 8 9;\nAction: "
+)
+
+
+def write_tokenizer(path: str | Path, vocab_size: int = 320) -> Path:
+    """A small sentencepiece model (byte fallback: any text encodes) standing in for PaliGemma's
+    in random checkpoints: token ids differ, the padded prompt length and so the cost do not."""
+    import io
+
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(_TOKENIZER_CORPUS.split(". ") * 20),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=1.0,
+        num_threads=1,
+        bos_id=2,
+        eos_id=1,
+        pad_id=0,
+        unk_id=3,
+        minloglevel=2,
+    )
+    Path(path).write_bytes(model.getvalue())
+    return Path(path)
+
+
+STATE_DIMS = {"libero": 8, "droid": 8, "aloha": 14}
+
+
+def random_norm_stats(preset: str) -> dict[str, dict[str, list[float]]]:
+    """Plausible statistics for a robot: z-score (mean 0.1, std 2) and quantiles (-2, 2) of its
+    state and action dims."""
+    dims = {"state": STATE_DIMS[preset], "actions": OUTPUT_DIMS[preset]}
+    return {
+        key: {"mean": [0.1] * n, "std": [2.0] * n, "q01": [-2.0] * n, "q99": [2.0] * n}
+        for key, n in dims.items()
+    }
+
+
+def write_random_openpi(
+    folder: str | Path, model_config: Any, preset: str = "libero", device: str = "cpu"
+) -> Path:
+    """A random-weight checkpoint folder in openpi's layout, with a stand-in tokenizer, for
+    ``preset``'s robot (``realtime bench robot --write-checkpoint``): the files a user of a
+    converted openpi checkpoint has, at ``model_config``'s sizes (pi0 or pi0.5 by its ``pi05``)."""
+    from models.policy.pi0 import build
+
+    recipe = RECIPES[f"{'pi05' if model_config.pi05 else 'pi0'}_{preset}"]
+    model = build(model_config, device)
+    write_openpi(folder, model, random_norm_stats(preset), recipe.asset_id)
+    write_tokenizer(Path(folder) / TOKENIZER_FILE)
+    return Path(folder)
