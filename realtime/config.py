@@ -115,7 +115,13 @@ class RobotConfig:
     """Robot policy sessions over the OpenPI protocol."""
 
     enabled: bool = True
-    policy: Literal["pi0-tiny", "pi0-shaped", "zeros"] = "pi0-tiny"
+    # pi0 / pi0.5: a checkpoint folder (openpi or LeRobot layout); pi0-tiny, pi0-shaped: random weights
+    policy: Literal["pi0-tiny", "pi0-shaped", "pi0", "pi0.5", "zeros"] = "pi0-tiny"
+    checkpoint: str = ""  # the checkpoint folder (policy pi0 / pi0.5)
+    tokenizer: str = ""  # PaliGemma's sentencepiece file; "": <checkpoint>/paligemma_tokenizer.model
+    openpi_config: str = ""  # openpi training config whose transforms apply; "": pi0|pi05 + the robot
+    asset_id: str = ""  # assets/<asset_id>/norm_stats.json of an openpi checkpoint; "": the only one
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: checkpoints bf16 on CUDA, else float32
     idle_timeout_s: NonNegativeFloat = 0.0  # off: dead peers are found by the websocket pings
     max_lifetime_s: NonNegativeFloat = 0.0
     observation_preset: Literal["auto", "libero", "droid", "aloha", "pi0"] = "auto"
@@ -131,7 +137,43 @@ class RobotConfig:
     torch_threads: NonNegativeInt = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cuda_graphs: bool = True
-    fp8: bool = False  # pi0 layers' matmuls in FP8 (models/fp8.py; CUDA sm89+, allowed but slower on CPU)
+
+    def validate(self, path: str) -> None:
+        """A checkpoint policy's folder is read and checked here (headers and small files only:
+        no tensors, no GPU memory), so a missing or malformed file fails the config load."""
+        uses_checkpoint = self.policy in ("pi0", "pi0.5")
+        for name in ("checkpoint", "tokenizer", "openpi_config", "asset_id"):
+            if getattr(self, name) and not uses_checkpoint:
+                raise _FieldError(
+                    f"{path}.{name}", f"applies to policy pi0 or pi0.5 only (policy is {self.policy!r})"
+                )
+        if not uses_checkpoint or not self.enabled:
+            return
+        if not self.checkpoint:
+            raise _FieldError(f"{path}.checkpoint", f"policy {self.policy!r} needs a checkpoint folder")
+        from models.policy.processing import RECIPES
+
+        if self.openpi_config and self.openpi_config not in RECIPES:
+            raise _FieldError(
+                f"{path}.openpi_config", f"must be one of {', '.join(RECIPES)}, got {self.openpi_config!r}"
+            )
+        try:
+            self.inspect()
+        except ValueError as exc:  # models.policy.checkpoint.CheckpointError names the file
+            raise _FieldError(f"{path}.checkpoint", str(exc)) from None
+
+    def inspect(self) -> Any:
+        """The checked checkpoint (``models.policy.checkpoint.Checkpoint``) of policy pi0 / pi0.5."""
+        from models.policy.checkpoint import inspect
+
+        return inspect(
+            self.checkpoint,
+            pi05=self.policy == "pi0.5",
+            tokenizer=self.tokenizer,
+            preset=self.observation_preset,
+            openpi_config=self.openpi_config,
+            asset_id=self.asset_id,
+        )
 
 
 @dataclass(frozen=True)
