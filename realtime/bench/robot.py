@@ -3,7 +3,8 @@
 Both servers run as their own processes on loopback, each serving a policy built by
 ``realtime.kinds.robot.build_policy`` (openpi-server through :class:`OpenPIPolicy`, the
 ``BasePolicy`` adapter doing ``prepare`` + a batch-of-one ``infer``), with the same torch thread
-count. Clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this process.
+count. Clients are :class:`~realtime.bench.openpi_robot.OpenPIRobot` on threads of this process (the
+calls ``openpi_client.WebsocketClientPolicy`` makes, plus a public ``close``).
 
 (a) Round-trip overhead: one client, the trivial ``zeros`` policy, LIBERO (2x224x224x3 uint8 +
     state + prompt) and ALOHA (4x3x224x224 uint8 + state) observations; blocks of 10 requests
@@ -14,8 +15,9 @@ count. Clients are the real ``openpi_client.WebsocketClientPolicy`` on threads o
     ratio is the median of the rounds' ratios; each round's ratio is printed.
 (a') The same with the embedded pi0-tiny policy (LIBERO), for reference: the overhead a real
     forward sees.
-(b) Throughput: 8 concurrent clients with the embedded pi0-tiny policy for a fixed time. Goal:
-    aggregate chunks/s >= 3x openpi-server's with lower p99 latency.
+(b) Throughput: 8 concurrent clients with the embedded pi0-tiny policy for a fixed time. Goals
+    (issue 30, one H200): ``throughput_ratio_8`` (ours / peer chunks/s) and ``p99_ratio_8`` as in
+    :data:`realtime.bench.goals.GOALS`, which every goal this bench prints comes from.
 
 (c) Idle robots: one active client with the embedded pi0-tiny (LIBERO) alone, then with 7 more
     clients connected that each sent one request and went silent (between episodes, at a
@@ -64,7 +66,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from models.policy import examples
+from realtime.bench import examples
+from realtime.bench.goals import goal_note
 
 
 class OpenPIPolicy:
@@ -168,9 +171,9 @@ def serve_peer(policy: str, port: int, threads: int, device: str, fp8: bool = Fa
 
 
 def _client(url: str):
-    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+    from realtime.bench.openpi_robot import OpenPIRobot
 
-    return WebsocketClientPolicy(url)
+    return OpenPIRobot(url)
 
 
 def _round_trips(client: Any, obs: dict, n: int, timings: list | None = None) -> list[float]:
@@ -195,7 +198,7 @@ def overhead(url_ours: str, url_peer: str, obs: dict, requests: int, blocks: int
         for name, client in clients.items():
             samples[name] += _round_trips(client, obs, requests // blocks)
     for client in clients.values():
-        client._ws.close()
+        client.close()
     return samples
 
 
@@ -224,7 +227,7 @@ def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[floa
         t.join()
     elapsed = time.perf_counter() - start
     for robot in robots:
-        robot._ws.close()
+        robot.close()
     flat = [x for per in latencies for x in per]
     return len(flat) / elapsed, flat, timings
 
@@ -247,20 +250,20 @@ def idle_robots(url: str, requests: int, rounds: int) -> dict[str, list[float]]:
         time.sleep(PAUSE_S)
         samples["paused"] += _round_trips(active, obs, per_block)
         for robot in paused:
-            robot._ws.close()
-    active._ws.close()
+            robot.close()
+    active.close()
     return samples
 
 
-PEER_EXTRA = "pip install 'realtime-sessions[test]' typing_extensions"
+PEER_EXTRA = "pip install 'realtime-sessions[test]'"
 
 
 def missing_peer() -> str | None:
-    """One line naming what this bench needs and lacks (openpi-server is the peer, openpi-client
-    the robots; both are in the ``test`` extra, and openpi-client 0.1.2 imports the undeclared
-    ``typing_extensions``), or ``None`` when everything imports."""
+    """One line naming what this bench needs and lacks (openpi-server is the peer, openpi-client's
+    msgpack-numpy codec the robots'; both are in the ``test`` extra), or ``None`` when everything
+    imports."""
     try:
-        import openpi_client.websocket_client_policy  # noqa: F401
+        import openpi_client.msgpack_numpy  # noqa: F401
         import openpi_server  # noqa: F401
     except ImportError as exc:
         return f"realtime bench robot: needs {exc.name or 'openpi-client and openpi-server'}: {PEER_EXTRA}"
@@ -314,8 +317,9 @@ def trivial_overhead(requests: int, rounds_n: int, threads: int) -> dict[str, An
         results[f"{name}_p50_ms"] = {who: round(_ms(pooled[name][who], 50), 3) for who in ("ours", "peer")}
         print(f"{name}: ours / openpi-server p50 per round: {results[f'overhead_rounds_{name}']}")
     print(
-        f"ratios: overhead libero {results['overhead_ratio_libero']}x, "
-        f"aloha {results['overhead_ratio_aloha']}x (goal <= 1.1)"
+        f"ratios: overhead libero {results['overhead_ratio_libero']}x"
+        f"{goal_note('robot', 'overhead_ratio_libero')}, "
+        f"aloha {results['overhead_ratio_aloha']}x{goal_note('robot', 'overhead_ratio_aloha')}"
     )
     return results
 
@@ -354,7 +358,8 @@ def concurrent(
         "peer": round(figures["peer"][0], 1),
     }
     print(
-        f"throughput at {clients} clients {results[f'throughput_ratio_{clients}']}x (goal >= 3) "
+        f"throughput at {clients} clients {results[f'throughput_ratio_{clients}']}x"
+        f"{goal_note('robot', f'throughput_ratio_{clients}')} "
         f"with p99 {figures['ours'][2]:.1f} vs {figures['peer'][2]:.1f} ms"
     )
     return results
@@ -379,7 +384,7 @@ def idle_section(
             f"{ratio:6.2f}"
         )
     results["idle_p50_ms"] = idle_p50
-    print(f"idle robots: p50 ratio {results['idle_p50_ratio']}x (goal <= 1.1)")
+    print(f"idle robots: p50 ratio {results['idle_p50_ratio']}x{goal_note('robot', 'idle_p50_ratio')}")
     return results
 
 
@@ -475,12 +480,15 @@ def main(argv: list[str]) -> int:
         results["overhead_ratio_pi0_libero"] = round(_ms(samples["ours"], 50) / _ms(samples["peer"], 50), 3)
         results["latency_ms_1"] = round(_ms(samples["ours"], 50), 2)
         results["latency_ms_1_peer"] = round(_ms(samples["peer"], 50), 2)
+        print(f"latency_ms_1 {results['latency_ms_1']}{goal_note('robot', 'latency_ms_1')}")
     if "b" in parts:
         for clients in counts:
             results.update(concurrent(args.policy, clients, args.seconds, threads, args.device, robot))
             if "latency_ms_1" in results:
                 p99 = results[f"p99_ms_{clients}"]["ours"]
                 results[f"p99_ratio_{clients}"] = round(p99 / results["latency_ms_1"], 3)
+                key = f"p99_ratio_{clients}"
+                print(f"{key} (p99 / latency_ms_1) {results[key]}{goal_note('robot', key)}")
     if "c" in parts:
         results.update(idle_section(args.policy, threads, robot, args.idle_requests, args.idle_rounds))
     results["device"] = device

@@ -16,8 +16,8 @@ from openpi_client import msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from models.policy.examples import aloha, droid, libero
 from models.policy.pi0_tiny import Pi0TinyPolicy
+from realtime.bench.examples import aloha, droid, libero
 from realtime.config import RobotConfig, config_from_mapping
 from realtime.kinds.robot import handshake_metadata
 from sessions.engine import Coalescing

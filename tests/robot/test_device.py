@@ -9,10 +9,10 @@ import pytest
 import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-from models.policy.examples import aloha, libero
 from models.policy.pi0_tiny import Pi0TinyPolicy
 from models.policy.stage import PolicyStage
 from models.policy.trivial import ZerosPolicy
+from realtime.bench.examples import aloha, libero
 from realtime.config import ConfigError, RobotConfig, config_from_mapping
 from realtime.kinds.robot import build_policy, resolve_device
 from tests.serving import serve_in_process

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from openpi_client import msgpack_numpy
 
 from models.policy import presets
-from models.policy.examples import aloha, droid, libero
 from models.policy.interface import ObservationError
 from models.policy.pi0_tiny import Pi0Input, Pi0TinyPolicy
 from models.policy.trivial import ZerosPolicy
+from realtime.bench.examples import aloha, droid, libero
 from realtime.protocols import openpi
 
 

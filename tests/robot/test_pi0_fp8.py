@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from models.fp8 import Fp8Linear
-from models.policy.examples import libero
 from models.policy.pi0_tiny import Pi0TinyConfig, Pi0TinyPolicy
+from realtime.bench.examples import libero
 from realtime.config import RobotConfig
 from realtime.kinds.robot import build_policy
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from models.cuda_graphs import buckets
-from models.policy import examples
 from models.policy.pi0_tiny import PI0_SHAPED, Pi0Tiny, Pi0TinyConfig, Pi0TinyPolicy
+from realtime.bench import examples
 
 
 def test_pi0_shaped_has_pi0s_parameter_count():

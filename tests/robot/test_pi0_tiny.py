@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from models.policy import presets
-from models.policy.examples import aloha, droid, libero
 from models.policy.interface import ObservationError
 from models.policy.pi0_tiny import Pi0TinyPolicy
 from models.policy.rtc import RTCOptions, prefix_weights
+from realtime.bench.examples import aloha, droid, libero
 from realtime.protocols import openpi
 
 
