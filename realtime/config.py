@@ -211,6 +211,8 @@ class WorldConfig:
     # devices, falling back to eager passes with a warning if a capture fails; true: a failed
     # capture fails the load
     cuda_graphs: bool | Literal["auto"] = "auto"
+    # where a chunk's time goes, stage by stage (world_stage_seconds; models/world/profiling.py)
+    stage_timing: bool = True
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:

@@ -38,6 +38,7 @@ from models.world.configs import WorldModelConfig, load_model_weights, read_conf
 from models.world.dit import CausalDiT
 from models.world.graphs import DiTGraphs
 from models.world.kv_cache import KVGeometry, KVPool
+from models.world.profiling import OFF, Profiler
 from models.world.sampler import BlockRequest, FlowSampler
 from models.world.start_frames import StartFrames, load_start_frames
 from models.world.vae import CausalDecoder, DecoderState, decoder_state_bytes, split_state, stack_states
@@ -78,6 +79,7 @@ class WorldModel:
     starts: StartFrames | None = None  # a session's first block begins from one (start_frames.py)
     sessions: dict[str, _Session] = field(default_factory=dict)
     graphs: DiTGraphs | None = None  # capture_graphs: CUDA graphs of the DiT's steady pass
+    profiler: Profiler = OFF  # stage timing (models.world.profiling): the sampler marks the DiT passes
 
     @classmethod
     def build(
@@ -89,8 +91,10 @@ class WorldModel:
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
         attention: str = "sdpa",
+        profiler: Profiler = OFF,
     ) -> WorldModel:
         """Random init from ``seed`` (or ``weights``), eval mode, a pool of ``slots`` sessions.
+        ``profiler``: stage timing (``models.world.profiling``; off by default).
 
         ``attention``: the DiT's attention kernel, ``auto``, ``sdpa`` or ``flash4``
         (``models.world.attention.resolve_kernel``)."""
@@ -105,7 +109,7 @@ class WorldModel:
         decoder = decoder.to(device=device, dtype=dtype).eval().requires_grad_(False)
         pool = KVPool(KVGeometry.of(cfg, dtype), slots, dtype, device)
         starts = load_start_frames(weights) if weights is not None else None
-        return cls(cfg, dit, decoder, pool, starts.to(device, dtype) if starts else None)
+        return cls(cfg, dit, decoder, pool, starts.to(device, dtype) if starts else None, profiler=profiler)
 
     @classmethod
     def from_weights(cls, path: Path, slots: int, **kw) -> WorldModel:
@@ -150,10 +154,9 @@ class WorldModel:
     def init_decoder_state(self) -> DecoderState:
         return self.decoder.init_state()
 
-    def generate(self, ticks: Sequence[WorldTick], mark: Callable[[], None] | None = None) -> Tensor:
-        """One latent block per tick in one batched forward; returns x0 ``[B, fpb, C, h, w]``.
-        ``mark``: called before and after each DiT pass (``FlowSampler``)."""
-        x0, commit = self._generate(ticks, mark)
+    def generate(self, ticks: Sequence[WorldTick]) -> Tensor:
+        """One latent block per tick in one batched forward; returns x0 ``[B, fpb, C, h, w]``."""
+        x0, commit = self._generate(ticks)
         commit()
         return x0
 
@@ -172,9 +175,7 @@ class WorldModel:
         return frames
 
     @torch.no_grad()
-    def _generate(
-        self, ticks: Sequence[WorldTick], mark: Callable[[], None] | None = None
-    ) -> tuple[Tensor, Callable[[], None]]:
+    def _generate(self, ticks: Sequence[WorldTick]) -> tuple[Tensor, Callable[[], None]]:
         """x0 of each tick's block and the commit that writes its KV (nothing written before)."""
         cfg = self.cfg
         states = [self.sessions[t.session_id] for t in ticks]
@@ -202,7 +203,7 @@ class WorldModel:
                 (k.index_copy(0, index, fk), v.index_copy(0, index, fv))
                 for (k, v), (fk, fv) in zip(cross, fresh, strict=True)
             ]
-        sampler = FlowSampler(self.dit, self.pool, self.graphs, mark)
+        sampler = FlowSampler(self.dit, self.pool, self.graphs, self.profiler)
         x0, past, mask = sampler.denoise(reqs, cross)
         kv = sampler.clean_pass(reqs, x0, past, mask, cross)
 

@@ -44,6 +44,7 @@ from models.world.controls import CONTROL_SCHEMAS
 from models.world.kv_cache import KVGeometry
 from models.world.memory import fixed_bytes
 from models.world.model import WorldModel, WorldTick
+from models.world.profiling import OFF, DeviceProfiler
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
 from models.world.vae import decoder_state_bytes
 from realtime.connection import Close, Connection, runtime_close
@@ -162,6 +163,7 @@ class WorldService(KindServiceBase):
             device=wc.device,
             dtype=_DTYPES[wc.dtype],
             attention=wc.attention,
+            profiler=DeviceProfiler(wc.device.startswith("cuda")) if wc.stage_timing else OFF,
         )
         if wc.compiles:
             self.model.dit.compile_blocks()
