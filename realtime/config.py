@@ -327,6 +327,36 @@ class DuplexConfig:
 
 
 @dataclass(frozen=True)
+class ReplicasConfig:
+    """Ray Serve replicas (``realtime serve --replicas N``, ``deploy/ray/``; docs/scaling.md).
+
+    The single-process server ignores this section. Every replica runs every enabled kind with the
+    limits of the other sections, so session limits (``runtime.max_sessions``, each kind's
+    ``max_sessions``, the memory plan) apply per replica, and ``server.max_connections`` becomes
+    each replica's ``max_ongoing_requests`` (open websockets plus HTTP requests in flight)."""
+
+    num_cpus: PositiveFloat = 1.0  # Ray CPUs each replica reserves
+    num_gpus: NonNegativeFloat = 0.0  # GPUs each replica reserves; a fraction shares one GPU
+    memory_bytes: PositiveInt | None = None  # Ray's memory resource each replica reserves
+    stats_period_s: PositiveFloat = 1.0  # how often Serve collects each replica's routing stats
+    max_queued_requests: PositiveInt = 100  # per proxy: requests waiting for a replica, then 503
+    health_check_period_s: PositiveFloat = 10.0
+    health_check_timeout_s: PositiveFloat = 30.0
+    peer_timeout_s: PositiveFloat = 2.0  # cluster views: a replica silent this long is "unreachable"
+    app_name: str = "realtime"  # the Serve application's name
+    object_store_bytes: PositiveInt | None = None  # the local Ray instance's object store (null: Ray's)
+    checkpoint_max_bytes: PositiveInt = 4 * 1024 * 1024  # one session's resumable state
+    checkpoint_ttl_s: PositiveFloat = 300.0  # a checkpoint not refreshed this long is dropped
+    checkpoint_max_sessions: PositiveInt = 100_000  # checkpoints the store holds at once
+
+    def validate(self, path: str) -> None:
+        if not self.app_name or not all(c.isalnum() or c in "-_" for c in self.app_name):
+            raise _FieldError(
+                f"{path}.app_name", f"must be letters, digits, '-' or '_', got {self.app_name!r}"
+            )
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -335,6 +365,7 @@ class DeployConfig:
     echo: EchoConfig = field(default_factory=EchoConfig)
     voice: VoiceConfig = field(default_factory=VoiceConfig)
     duplex: DuplexConfig = field(default_factory=DuplexConfig)
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
 
     def enabled_kinds(self) -> list[str]:
         """Names of the session kinds this deployment serves, in a stable order."""
