@@ -258,7 +258,8 @@ class GracefulServer(uvicorn.Server):
                 for sock in server.sockets:
                     host, port = sock.getsockname()[:2]
                     state = self.rt_app.state.rt
-                    state.url = f"http://{host}:{port}"
+                    scheme = "https" if self.config.is_ssl else "http"
+                    state.url = f"{scheme}://{host}:{port}"
                     log.info("listening", extra={"url": state.url})
                     state.announce_ready()
 
@@ -302,5 +303,7 @@ def build_server(config: DeployConfig, host: str | None = None, port: int | None
         ws_per_message_deflate=False,
         timeout_graceful_shutdown=server_cfg.shutdown_timeout_s,
         lifespan="on",
+        ssl_certfile=server_cfg.ssl_certfile or None,  # TLS: uvicorn's own SSL options
+        ssl_keyfile=server_cfg.ssl_keyfile or None,
     )
     return GracefulServer(uv_config, app)

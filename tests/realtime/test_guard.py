@@ -2,7 +2,8 @@
 
 Regressions for issue 11 defects 3 and 7: with keys configured ``/v1/models``, ``/metrics`` and
 demo pages answered without one; while models loaded a websocket was accepted (101, then 1013)
-before any key check; no ``Origin`` check; nothing bounded the number of connections.
+before any key check; no ``Origin`` check; nothing bounded the number of connections. Issue 26
+defect 9: the origin check trusted the request's ``Host`` header.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from realtime import auth
 from realtime import kinds as kinds_registry
 from realtime import server as server_module
-from realtime.config import config_from_mapping
+from realtime.config import ConfigError, config_from_mapping
 from realtime.ws import serve_websocket
+from tests.realtime.rawws import RawClient
 from tests.serving import serve_in_process, wait_ready
 
 pytestmark = pytest.mark.timeout(120)
@@ -132,18 +134,61 @@ async def test_keys_are_checked_before_accept_while_models_load(gate):
         assert await _echo_once(_ws(base), additional_headers={"Authorization": "Bearer k-second"}) == "hello"
 
 
-async def test_browser_origins_other_than_the_server_are_refused_before_accept(gate):
+async def _origin_status(url: str, origin: str, host: str | None = None) -> int:
+    """The handshake's answer (101 or the refusal) for ``Origin: origin`` (and ``Host: host``)."""
+    headers = {"Origin": origin} if host is None else {"Origin": origin, "Host": host}
+    client = await asyncio.to_thread(RawClient, url, headers)
+    client.close()
+    return client.status
+
+
+async def test_origins_are_scheme_host_and_port_of_the_loopback_names_by_default(gate):
+    """Regression for issue 26 defect 9: ``Host: evil.example:P`` with ``Origin:
+    http://evil.example:P`` was accepted (DNS rebinding: the attacker's name resolves to the
+    server), and the scheme was ignored."""
     gate.set()
-    async with serve_in_process(_config(allowed_origins=["https://app.example"])) as (base, _):
-        host = base.removeprefix("http://")
-        with pytest.raises(InvalidStatus) as refused:
-            await _echo_once(_ws(base), origin="http://evil.example")
-        assert refused.value.response.status_code == 403
-        with pytest.raises(InvalidStatus):
-            await _echo_once(_ws(base), origin="null")  # sandboxed frames, file:// pages
-        assert await _echo_once(_ws(base), origin=f"http://{host}") == "hello"  # same origin
-        assert await _echo_once(_ws(base), origin="https://app.example") == "hello"  # listed
-        assert await _echo_once(_ws(base)) == "hello"  # no Origin: not a browser
+    async with serve_in_process(_config()) as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        url = _ws(base)
+        for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}", f"http://[::1]:{port}/"):
+            assert await _origin_status(url, origin) == 101, origin
+        assert await _origin_status(url, f"http://LOCALHOST:{port}") == 101  # hosts are case-blind
+        for origin in (
+            f"http://evil.example:{port}",
+            f"https://127.0.0.1:{port}",  # another scheme is another origin
+            f"http://127.0.0.1:{port + 1}",
+            "http://localhost",  # port 80
+            "null",
+            f"ws://127.0.0.1:{port}",
+        ):
+            assert await _origin_status(url, origin) == 403, origin
+        # DNS rebinding: the request names the attacker's host, and its page's origin matches it
+        assert await _origin_status(url, f"http://evil.example:{port}", host=f"evil.example:{port}") == 403
+        assert await _echo_once(url) == "hello"  # no Origin: not a browser
+
+
+async def test_configured_origins_replace_the_defaults_and_compare_default_ports(gate):
+    gate.set()
+    async with serve_in_process(_config(allowed_origins=["https://app.example", "http://10.0.0.5:8080"])) as (
+        base,
+        _,
+    ):
+        port = int(base.rsplit(":", 1)[1])
+        url = _ws(base)
+        for origin in ("https://app.example", "https://APP.example:443", "http://10.0.0.5:8080"):
+            assert await _origin_status(url, origin) == 101, origin
+        for origin in ("http://app.example", "https://app.example:8443", f"http://127.0.0.1:{port}"):
+            assert await _origin_status(url, origin) == 403, origin
+        assert await _echo_once(url, origin="https://app.example") == "hello"
+    async with serve_in_process(_config(allowed_origins=["*"])) as (base, _):
+        assert await _origin_status(_ws(base), "http://anything.example") == 101
+
+
+def test_allowed_origins_must_be_origins():
+    with pytest.raises(ConfigError, match="allowed_origins"):
+        config_from_mapping({"server": {"allowed_origins": ["https://app.example/path"]}})
+    with pytest.raises(ConfigError, match="ssl_keyfile"):
+        config_from_mapping({"server": {"ssl_certfile": "cert.pem"}})
 
 
 def test_keys_are_compared_with_every_configured_key(monkeypatch):
