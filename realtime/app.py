@@ -13,13 +13,15 @@ Routes:
 
 Every request first passes the guard middleware, in this order:
 
-1. connection limit: beyond ``server.max_connections`` open connections (counted by the server,
-   see ``realtime/server.py``), HTTP requests get 503 and websockets are accepted and closed with
-   1013; the probes ``/healthz`` and ``/readyz`` are still answered (the server keeps a reserve
-   of connections for them);
-2. :func:`realtime.auth.check_request`: API key (every route but the probes) and, for websockets,
+1. the probes ``/healthz`` and ``/readyz`` are HTTP only: a websocket handshake on them is
+   refused with HTTP 404 (never upgraded);
+2. connection limit: beyond ``server.max_connections`` open connections (counted by the server,
+   see ``realtime/server.py``), HTTP requests and websocket handshakes get HTTP 503 with
+   ``connection: close`` (no upgrade), so the connection ends at once; the probes are still
+   answered (the server keeps a reserve of connections for them and evicts idle ones);
+3. :func:`realtime.auth.check_request`: API key (every route but the probes) and, for websockets,
    ``Origin``; refused before any websocket is accepted (HTTP 401 / 403), also while loading;
-3. readiness: a websocket that arrives while models load or the server drains is accepted and
+4. readiness: a websocket that arrives while models load or the server drains is accepted and
    closed with 1013 ("try again later").
 
 ``AppState.websocket_limit(path, query)`` is the largest inbound message the server's websocket
@@ -169,15 +171,15 @@ class _Guard:
             return
         server = self.state.config.server
         probe = scope["path"] in OPEN_PATHS
+        if probe and scope["type"] == "websocket":
+            await _refuse(scope, receive, send, 404, f"not a websocket endpoint: {scope['path']}")
+            return
         if not probe and self.state.open_connections() > self.state.max_connections:
-            await _try_again_later(scope, receive, send, "server is at its connection limit")
+            await _refuse(scope, receive, send, 503, "server is at its connection limit", close=True)
             return
         refusal = check_request(scope, server)
         if refusal is not None:
-            if scope["type"] == "websocket":
-                await _refuse_handshake(scope, send, refusal.status, refusal.reason)
-            else:
-                await PlainTextResponse(refusal.reason + "\n", refusal.status)(scope, receive, send)
+            await _refuse(scope, receive, send, refusal.status, refusal.reason)
             return
         if scope["type"] == "websocket" and (not self.state.ready or self.state.draining):
             reason = "server is shutting down" if self.state.draining else "server is loading models"
@@ -186,11 +188,20 @@ class _Guard:
         await self.app(scope, receive, send)
 
 
-async def _try_again_later(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
-    """HTTP 503, or a websocket accepted and closed with 1013 (clients retry on both)."""
-    if scope["type"] == "http":
-        await PlainTextResponse(reason + "\n", 503)(scope, receive, send)
+async def _refuse(
+    scope: Scope, receive: Receive, send: Send, status: int, reason: str, close: bool = False
+) -> None:
+    """An HTTP error answer, to a request or instead of a websocket upgrade; ``close`` ends the
+    connection after it (no keep-alive)."""
+    if scope["type"] == "websocket":
+        await _refuse_handshake(scope, send, status, reason)
         return
+    headers = {"connection": "close"} if close else None
+    await PlainTextResponse(reason + "\n", status, headers=headers)(scope, receive, send)
+
+
+async def _try_again_later(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
+    """A websocket accepted and closed with 1013 (clients retry)."""
     await receive()  # websocket.connect
     await send({"type": "websocket.accept"})
     await send({"type": "websocket.close", "code": CloseCode.TRY_AGAIN_LATER, "reason": reason})

@@ -71,6 +71,17 @@ Fraction = Annotated[float, _in_range(0, 1, low_open=True)]
 JpegQuality = Annotated[int, _in_range(1, 100)]
 
 
+def _origin(value: str) -> str | None:
+    from realtime.auth import parse_origin  # late: auth imports this module
+
+    if value == "*" or parse_origin(value) is not None:
+        return None
+    return "must be '*' or an origin 'http[s]://host[:port]' (no path)"
+
+
+OriginText = Annotated[str, _origin]
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -82,12 +93,18 @@ class ServerConfig:
     ws_ping_timeout_s: PositiveFloat = 20.0
     max_message_bytes: PositiveInt = 64 * 1024 * 1024
     api_keys: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
+    allowed_origins: tuple[OriginText, ...] = ()  # (): the loopback names on the bound port
+    ssl_certfile: str = ""  # "": plain HTTP; a PEM certificate chain serves HTTPS/WSS (uvicorn)
+    ssl_keyfile: str = ""  # its private key (PEM); both or neither
     max_connections: PositiveInt = 1000
     start_timeout_s: NonNegativeFloat = 10.0
     max_outbound_messages: PositiveInt = 64
     max_outbound_bytes: PositiveInt = 8 * 1024 * 1024
     max_send_wait_s: PositiveFloat = 30.0
+
+    def validate(self, path: str) -> None:
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise _FieldError(f"{path}.ssl_keyfile", "ssl_certfile and ssl_keyfile go together")
 
 
 @dataclass(frozen=True)

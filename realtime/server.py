@@ -8,13 +8,17 @@ or unflushed when ``server.shutdown_timeout_s`` (the drain timeout) has passed a
 plain HTTP connections; then the kinds stop. The process exits 0 (uvicorn's default re-raises
 the signal) whatever clients do: a client that never reads cannot hold the drain.
 
-Connections: the app's guard answers 503 / 1013 beyond ``server.max_connections`` open TCP
-connections (HTTP and websocket, as uvicorn counts them) except for the probes. Beyond that plus
-:data:`PROBE_RESERVE` connections the HTTP protocol writes a bare 503 and closes at once, before
-reading anything, so a flood of idle TCP connections never reaches the process's fd limit (the
-configured limit is lowered, with a warning, to fit ``RLIMIT_NOFILE`` minus
-:data:`FD_HEADROOM`). A connection must finish its first request's headers within
-:data:`FIRST_REQUEST_TIMEOUT_S`, so idle sockets that never send a request do not hold slots.
+Connections: beyond ``server.max_connections`` open TCP connections (HTTP and websocket, as
+uvicorn counts them) the app's guard answers every request but the probes with HTTP 503 and
+``connection: close`` (websocket handshakes too, before any upgrade), so refused connections
+never stay open. At that limit plus :data:`PROBE_RESERVE`, a new connection first makes room by
+closing the oldest *idle* HTTP connection (no request in progress: one that never sent a
+request, or a keep-alive one between requests); only when every connection is busy does the
+HTTP protocol write a bare 503 and close at once, before reading anything. So no flood of idle
+or refused connections can keep the probes from being answered, and none reaches the process's
+fd limit (the configured limit is lowered, with a warning, to fit ``RLIMIT_NOFILE`` minus
+:data:`FD_HEADROOM`). A connection must also finish its first request's headers within
+:data:`FIRST_REQUEST_TIMEOUT_S`.
 
 Websocket messages: :class:`RealtimeWebSocketProtocol` sets each connection's largest inbound
 message from the handshake's route (``AppState.websocket_limit``: the kind's protocol limit,
@@ -65,7 +69,8 @@ _SERVICE_UNAVAILABLE = (
 
 
 class LimitedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a hard connection cap and a first-request deadline."""
+    """uvicorn's httptools protocol with a hard connection cap that evicts idle connections
+    first, and a first-request deadline (module docstring)."""
 
     hard_limit: ClassVar[int]
 
@@ -73,15 +78,34 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._refused = False
         self._first_request_timer: asyncio.TimerHandle | None = None
+        self.opened_at = 0.0
+
+    def idle(self) -> bool:
+        """No request in progress or queued (uvicorn's own shutdown test), and still open."""
+        return (
+            not self._refused
+            and (self.cycle is None or self.cycle.response_complete)
+            and not self.pipeline
+            and not self.transport.is_closing()
+        )
+
+    def _make_room(self) -> bool:
+        """Close the oldest idle HTTP connection; False if every connection is busy."""
+        idle = [c for c in self.connections if isinstance(c, LimitedHttpProtocol) and c.idle()]
+        if not idle:
+            return False
+        min(idle, key=lambda c: c.opened_at).transport.close()
+        return True
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.hard_limit:
+        if len(self.connections) >= self.hard_limit and not self._make_room():
             self._refused = True
             self.transport = transport
             transport.write(_SERVICE_UNAVAILABLE)
             transport.close()
             return
         super().connection_made(transport)
+        self.opened_at = self.loop.time()
         self._first_request_timer = self.loop.call_later(FIRST_REQUEST_TIMEOUT_S, self._first_request_late)
 
     def _first_request_late(self) -> None:
@@ -258,7 +282,8 @@ class GracefulServer(uvicorn.Server):
                 for sock in server.sockets:
                     host, port = sock.getsockname()[:2]
                     state = self.rt_app.state.rt
-                    state.url = f"http://{host}:{port}"
+                    scheme = "https" if self.config.is_ssl else "http"
+                    state.url = f"{scheme}://{host}:{port}"
                     log.info("listening", extra={"url": state.url})
                     state.announce_ready()
 
@@ -302,5 +327,7 @@ def build_server(config: DeployConfig, host: str | None = None, port: int | None
         ws_per_message_deflate=False,
         timeout_graceful_shutdown=server_cfg.shutdown_timeout_s,
         lifespan="on",
+        ssl_certfile=server_cfg.ssl_certfile or None,  # TLS: uvicorn's own SSL options
+        ssl_keyfile=server_cfg.ssl_keyfile or None,
     )
     return GracefulServer(uv_config, app)
