@@ -12,9 +12,11 @@ sans-I/O codec calls, its command handler and its tick loop); the skeleton owns 
   handles each command before it reads the next frame (the websocket is the mailbox), so a client
   cannot queue work and replies leave in request order.
 - **Outbound.** One bounded queue (:class:`Outbound`, ``max_items`` and ``max_bytes``) drained by
-  the writer. Items carry the kind's epoch (a reset or close bumps it); items of a superseded
-  epoch are dropped before they are sent. Media that is still being produced travels as a
-  *deferred* item whose frames the writer awaits in order. A client that does not read: once the
+  the writer. An item may carry an epoch of the connection's session (``Session.epoch``: an
+  interrupt, reset, failure or close bumps it); an item of a superseded epoch is dropped before it
+  is sent, so a barge-in is one call (``session.interrupt()``) and nothing of the old epoch
+  follows it. Items without an epoch (acks, errors, goodbyes) are always sent. Media that is
+  still being produced travels as a *deferred* item whose frames the writer awaits in order. A client that does not read: once the
   queued bytes exceed the bound, or a send (or a wait for room in the queue) has waited
   ``send_wait_s`` for the client, the connection ends with ``slow_consumer`` (1008).
 - **Ends.** Every way a connection ends is one :class:`Close` reason, mapped through one table
@@ -324,13 +326,11 @@ class Connection:
         self.manager = manager
         self.session: Session | None = None
         self._admitting = False  # waiting in the admission queue: the start deadline does not apply
-        #: The kind's outbound epoch: bump it (reset, close) and queued items of older ones drop.
-        self.epoch = 0
         self.outbound = Outbound(
             websocket,
             max_items=max_outbound_items,
             max_bytes=max_outbound_bytes,
-            current_epoch=lambda: self.epoch,
+            current_epoch=self._session_epoch,
             direct=handler.inline,
             send_wait_s=send_wait_s,
         )
@@ -347,6 +347,11 @@ class Connection:
         self._runner: SessionRunner | None = None
         if not handler.inline:
             self._runner = SessionRunner(self._handle, mailbox_size=mailbox_items, session_id=kind)
+
+    def _session_epoch(self) -> int:
+        """What the outbound queue fences with: the session's one epoch (0 before it exists)."""
+        session = self.session
+        return session.epoch if session is not None else 0
 
     # -- what handlers call ---------------------------------------------------------------
     async def create_session(self, on_queue_position: QueuePositionFn | None = None) -> Session:
@@ -368,7 +373,8 @@ class Connection:
         return session
 
     async def send(self, *frames: Frame, epoch: int | None = None) -> None:
-        """Queue frames for the client (see :class:`Outbound`)."""
+        """Queue frames for the client (see :class:`Outbound`); with ``epoch`` (a tick's, or
+        ``session.epoch``) they are dropped unsent once the session's epoch moved past it."""
         await self.outbound.send(*frames, epoch=epoch)
 
     def post(self, item: Any) -> None:
