@@ -43,8 +43,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Info, generate_latest
 from starlette.applications import Starlette
@@ -62,7 +63,7 @@ from realtime.demo import demo_routes
 from realtime.kinds import build_kind
 from realtime.kinds.base import ServerContext, SessionKindService
 from realtime.progress import LoadCancelled, LoadProgress
-from realtime.status import kind_status, server_status
+from realtime.status import app_status
 from realtime.ws import CloseCode, close_quietly
 
 log = logging.getLogger("realtime.app")
@@ -225,7 +226,26 @@ async def _no_such_endpoint(websocket: WebSocket) -> None:
     await close_quietly(websocket, CloseCode.POLICY_VIOLATION, f"no such endpoint: {websocket.url.path}")
 
 
-def create_app(config: DeployConfig) -> Starlette:
+def models_document(kinds: Sequence[SessionKindService]) -> dict[str, Any]:
+    """The ``GET /v1/models`` document of ``kinds``."""
+    data = [
+        {
+            "id": m.id,
+            "object": "model",
+            "owned_by": "realtime-sessions",
+            "session_kind": m.session_kind,
+            "endpoints": list(m.endpoints),
+            **({"details": m.details} if m.details else {}),
+        }
+        for kind in kinds
+        for m in kind.models()
+    ]
+    return {"object": "list", "data": data, "session_kinds": [k.name for k in kinds]}
+
+
+def create_app(config: DeployConfig, routes_first: Sequence[BaseRoute] = ()) -> Starlette:
+    """The app of ``config``; ``routes_first`` are tried before the app's own routes, behind the
+    same guard (a Ray Serve replica's cluster-wide views: ``realtime.scale.views``)."""
     registry = CollectorRegistry()
     ready_gauge = Gauge("realtime_ready", "1 once every session kind is loaded and warmed", registry=registry)
     Info("realtime_build", "server build information", registry=registry).info({"version": __version__})
@@ -258,33 +278,10 @@ def create_app(config: DeployConfig) -> Starlette:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def list_models(_: Request) -> Response:
-        data = []
-        for kind in kinds:
-            for m in kind.models():
-                data.append(
-                    {
-                        "id": m.id,
-                        "object": "model",
-                        "owned_by": "realtime-sessions",
-                        "session_kind": m.session_kind,
-                        "endpoints": list(m.endpoints),
-                        **({"details": m.details} if m.details else {}),
-                    }
-                )
-        return JSONResponse({"object": "list", "data": data, "session_kinds": [k.name for k in kinds]})
+        return JSONResponse(models_document(kinds))
 
     async def status(_: Request) -> Response:
-        return JSONResponse(
-            server_status(
-                ready=state.ready,
-                draining=state.draining,
-                version=__version__,
-                open_connections=state.open_connections(),
-                max_connections=state.max_connections,
-                kinds=[kind_status(k, connections.count(k.name)) for k in kinds],
-                registry=registry,
-            )
-        )
+        return JSONResponse(app_status(state))
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette):
@@ -295,6 +292,7 @@ def create_app(config: DeployConfig) -> Starlette:
             await state.stop()
 
     routes = [
+        *routes_first,
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics),

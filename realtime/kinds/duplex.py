@@ -89,6 +89,7 @@ from sessions.engine import StageEngine
 from sessions.engine.dispatch import FrameClock
 from sessions.errors import SessionError
 from sessions.executor import StageExecutor
+from sessions.identities import allocated_elsewhere
 
 log = logging.getLogger("realtime.kinds.duplex")
 
@@ -528,6 +529,12 @@ class _DuplexHandler:
             reason = service.expired.get(item.session_id)
             if reason is not None:
                 await self._direct(conn, de.SessionExpired(item.session_id, reason))
+            elif allocated_elsewhere(item.session_id):  # scaled out: the session is another replica's
+                message = (
+                    f"Session {item.session_id!r} is on another replica: reconnect with "
+                    "?session_id=<it>&autostart=0, then resume."
+                )
+                await self._direct(conn, _error("session_not_found", message))
             else:
                 await self._direct(
                     conn, _error("unknown_session", f"No session {item.session_id!r} to resume.")
