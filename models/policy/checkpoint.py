@@ -157,9 +157,7 @@ def model_config(shapes: Mapping[str, tuple[int, ...]], pi05: bool, file: Path, 
             1 for n in shapes if n.startswith(V + "encoder.layers.") and n.endswith(".layer_norm1.weight")
         ),
         vision_heads=vw // SIGLIP_HEAD_DIM,
-        vision_mlp_width=_shape(shapes, V + "encoder.layers.0.mlp.fc1.weight", file)[0]
-        if V + "encoder.layers.0.mlp.fc1.weight" in shapes
-        else 4304,
+        vision_mlp_width=shapes.get(V + "encoder.layers.0.mlp.fc1.weight", (4304,))[0],
         vocab_size=embedding[0],
         width=width,
         mlp_width=_shape(shapes, L + "layers.0.mlp.gate_proj.weight", file)[0],
@@ -173,8 +171,7 @@ def model_config(shapes: Mapping[str, tuple[int, ...]], pi05: bool, file: Path, 
         head_dim=head_dim,
         action_dim=_shape(shapes, "action_in_proj.weight", file)[1],
         state_dim=32 if pi05 else _shape(shapes, "state_proj.weight", file)[1],
-        prompt_len=200 if pi05 else 48,
-        **fields,
+        **{"prompt_len": 200 if pi05 else 48, **fields},
     )
     if side * side != positions:
         raise CheckpointError(file, f"SigLIP has {positions} position embeddings, not a square grid")
@@ -463,7 +460,7 @@ def _lerobot_stats(folder: Path, state_mode: str, action_mode: str) -> tuple[Sta
         arrays_64 = {
             k: np.asarray(v, np.float64) for k, v in entry.items() if k in ("mean", "std", "q01", "q99")
         }
-        stats.append(Stats(mode, **arrays_64, eps=eps, unnorm_eps=0.0))  # LeRobot inverts without eps
+        stats.append(Stats(mode, **arrays_64, eps=eps if mode == "zscore" else 0.0, unnorm_eps=0.0))
     return stats[0], stats[1]
 
 

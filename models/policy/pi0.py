@@ -312,6 +312,8 @@ class Pi0(nn.Module):
             for m in self.modules():
                 if isinstance(m, nn.LayerNorm):
                     nn.init.ones_(m.weight)
+                elif isinstance(m, RMSNorm) and hasattr(m, "modulation"):  # adaRMS gates open
+                    nn.init.ones_(m.modulation.bias.view(3, -1)[2])
         self.eval()
 
     def float32_parameters(self) -> Iterator[nn.Parameter]:

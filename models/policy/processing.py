@@ -127,8 +127,9 @@ def aloha_decode_state(state: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Stats:
-    """One key's statistics and how to apply them. ``eps`` and ``unnorm_eps`` are the epsilons of
-    the normalization and of its inverse (openpi: 1e-6 both; LeRobot: 1e-8 and none)."""
+    """One key's statistics and how to apply them. ``eps`` and ``unnorm_eps`` are the epsilons
+    added to the normalization's and its inverse's spans (openpi: 1e-6 both; LeRobot: 1e-8 for a
+    z-score's std, else none)."""
 
     mode: Norm
     mean: np.ndarray | None = None
@@ -143,8 +144,8 @@ class Stats:
         if self.mode == "zscore":
             return (x - self.mean[:n]) / (self.std[:n] + self.eps)
         if self.mode == "quantile":
-            q01, q99 = self.q01[:n], self.q99[:n]
-            return (x - q01) / (q99 - q01 + self.eps) * 2.0 - 1.0
+            q01, span = self.q01[:n], self.q99[:n] - self.q01[:n] + self.eps
+            return (x - q01) / np.where(span == 0, 1e-8, span) * 2.0 - 1.0  # LeRobot's guard
         return x
 
     def unnormalize_affine(self, dim: int) -> tuple[np.ndarray, np.ndarray]:
