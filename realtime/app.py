@@ -22,9 +22,12 @@ Every request first passes the guard middleware, in this order:
 3. readiness: a websocket that arrives while models load or the server drains is accepted and
    closed with 1013 ("try again later").
 
-``AppState.websocket_limits`` is the route -> largest inbound message table the server's websocket
-transport enforces before a frame is assembled (each kind's ``<kind>.max_message_bytes``, capped
-by ``server.max_message_bytes``; other paths get the cap).
+``AppState.websocket_limit(path, query)`` is the largest inbound message the server's websocket
+transport accepts on a handshake's route, applied before any frame header is read: the limit of
+the websocket route that would serve it (each kind's ``<kind>.max_message_bytes``, capped by
+``server.max_message_bytes``; other paths get the cap). Routes are matched exactly as the router
+matches them, query included, so ``/v1/realtime?mode=duplex`` gets the duplex limit and
+``/v1/realtime`` the voice one.
 
 Startup loads models on a worker thread after the server already listens, so probes can watch
 readiness. A load failure is logged and reported through ``on_fatal`` (the CLI exits non-zero).
@@ -45,7 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Inf
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
@@ -78,7 +81,8 @@ class AppState:
     url: str | None = None
     # open TCP connections as the server counts them (HTTP and websocket); set by the server
     open_connections: Callable[[], int] = field(default=lambda: 0, repr=False)
-    websocket_limits: dict[str, int] = field(default_factory=dict)
+    #: (websocket route, its largest inbound message), in the router's order (``websocket_limit``)
+    websocket_routes: list[tuple[BaseRoute, int]] = field(default_factory=list)
     max_connections: int = 0  # server.max_connections as the server applies it (fd limit)
     _announced: bool = field(default=False, repr=False)
     _load_task: asyncio.Task | None = field(default=None, repr=False)
@@ -107,6 +111,16 @@ class AppState:
         self.ready = True
         self.ready_gauge.set(1)
         self.announce_ready()
+
+    def websocket_limit(self, path: str, query_string: bytes) -> int:
+        """The largest inbound message of the route a websocket handshake for ``path`` (already
+        percent-decoded) and ``query_string`` reaches; ``server.max_message_bytes`` off-route."""
+        scope = {"type": "websocket", "path": path, "root_path": "", "query_string": query_string}
+        for route, limit in self.websocket_routes:
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                return limit
+        return self.config.server.max_message_bytes
 
     def announce_ready(self) -> None:
         """Log the one ``ready`` line with the URL once the server listens and models are warm."""
@@ -283,7 +297,7 @@ def create_app(config: DeployConfig) -> Starlette:
         limit = min(getattr(getattr(config, kind.name), "max_message_bytes", ceiling), ceiling)
         for route in kind_routes:
             if isinstance(route, WebSocketRoute):
-                state.websocket_limits[route.path] = limit
+                state.websocket_routes.append((route, limit))
     routes.extend(demo_routes())  # after the kinds' routes: a kind's own page under /demo/ wins
     routes.append(WebSocketRoute("/{path:path}", _no_such_endpoint))  # after every kind's routes
     app = Starlette(routes=routes, lifespan=lifespan)

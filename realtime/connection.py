@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -375,22 +376,35 @@ class Connection:
         if self._runner is not None and not self._ended.is_set():
             self._runner.post(item)
 
+    async def send_later(
+        self,
+        deferred: Awaitable[tuple[Frame, ...]],
+        *,
+        epoch: int | None = None,
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue frames still being produced (media); the writer awaits them in order, and
+        ``on_done`` runs once they were sent or dropped (see :meth:`Outbound.send_later`)."""
+        await self.outbound.send_later(deferred, epoch=epoch, on_done=on_done)
+
     def spawn(self, work: Coroutine[Any, Any, Any], done: Callable[[Any, BaseException | None], Any]) -> None:
-        """Run ``work`` as a child task; ``done(result, error)`` is then posted to the runner."""
+        """Run ``work`` as a child task; ``done(result, error)`` is then posted to the runner.
 
-        async def child() -> None:
-            try:
-                result = await work
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.post(done(None, exc))
-            else:
-                self.post(done(result, None))
-
-        task = asyncio.create_task(child(), name=f"{self.kind}-child")
+        ``work`` is the task's own coroutine, so a child cancelled before its first step (the
+        connection ended first) closes it: no coroutine is left never awaited."""
+        task = asyncio.create_task(work, name=f"{self.kind}-child")
         self._children.add(task)
-        task.add_done_callback(self._children.discard)
+        task.add_done_callback(functools.partial(self._child_done, done))
+
+    def _child_done(self, done: Callable[[Any, BaseException | None], Any], task: asyncio.Task) -> None:
+        self._children.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            self.post(done(task.result(), None))
+        elif isinstance(error, Exception):
+            self.post(done(None, error))
 
     def end(self, reason: str, message: str = "") -> None:
         """End the connection with ``reason`` (a :data:`CLOSES` key); the first reason wins."""
