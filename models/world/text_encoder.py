@@ -369,9 +369,10 @@ class PromptEmbedder:
     def dim(self) -> int:
         return self.source.dim
 
-    def __call__(self, prompts: Sequence[str]) -> Tensor:
-        """Raises :class:`UnknownPromptError` (precomputed source, prompt not in its file)."""
-        keys = [clean_prompt(p) for p in prompts]
+    def __call__(self, prompts: Sequence[str | None]) -> Tensor:
+        """``None`` is the empty prompt (``</s>`` alone). Raises :class:`UnknownPromptError` (a
+        precomputed source without the prompt)."""
+        keys = [clean_prompt(p or "") for p in prompts]
         with self._lock:
             found = {k: self._cache[k] for k in keys if k in self._cache}
             misses = list(dict.fromkeys(k for k in keys if k not in found))
@@ -395,10 +396,11 @@ def save_prompt_embeddings(
     path: Path, prompts: Sequence[str], embedder: PromptEmbedder, batch: int = 8
 ) -> None:
     """Write ``prompts``' embeddings (their own tokens only, ``[L, dim]``; keyed by the cleaned
-    prompt) as a safetensors file :class:`PrecomputedEmbeddings` reads; ``batch`` prompts per forward."""
+    prompt) as a safetensors file :class:`PrecomputedEmbeddings` reads; ``batch`` prompts per forward.
+    The empty prompt is always included: a session without a prompt conditions on it."""
     from safetensors.torch import save_file
 
-    keys = list(dict.fromkeys(clean_prompt(p) for p in prompts))
+    keys = list(dict.fromkeys(["", *(clean_prompt(p) for p in prompts)]))
     tensors: dict[str, Tensor] = {}
     for i in range(0, len(keys), batch):
         chunk = keys[i : i + batch]
@@ -435,7 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     save_prompt_embeddings(args.out, prompts, PromptEmbedder(encoder, cache_prompts=0))
-    print(f"wrote {len(set(map(clean_prompt, prompts)))} prompt embeddings to {args.out}")
+    print(
+        f"wrote {len({'', *map(clean_prompt, prompts)})} prompt embeddings (the empty one included) to {args.out}"
+    )
     return 0
 
 

@@ -218,12 +218,11 @@ def test_precomputed_embeddings_serve_without_the_encoder(tmp_path, encoder):
     path = tmp_path / "prompts.safetensors"
     save_prompt_embeddings(path, prompts, PromptEmbedder(encoder), batch=1)
     pre = PrecomputedEmbeddings.load(path, dim=TINY["dim"], dtype=torch.float64)
-    assert len(pre) == 2
+    assert len(pre) == 3  # and the empty prompt, for sessions without one
     served = PromptEmbedder(pre)
-    torch.testing.assert_close(
-        served(prompts + ["  a cat  sleeps"]), PromptEmbedder(encoder)(prompts + ["a cat sleeps"])
-    )
-    with pytest.raises(UnknownPromptError, match="serves 2 fixed prompts") as err:
+    asked = [*prompts, "  a cat  sleeps", None]
+    torch.testing.assert_close(served(asked), PromptEmbedder(encoder)([*prompts, "a cat sleeps", ""]))
+    with pytest.raises(UnknownPromptError, match="serves 3 fixed prompts") as err:
         served(["a dog"])
     assert str(tmp_path) not in str(err.value) and isinstance(err.value, ValueError)
 
@@ -354,8 +353,8 @@ def test_main_precomputes_an_embeddings_file(tmp_path, wan_folder, capsys):
         main(["--text-encoder", str(wan_folder), "--out", str(out), "--prompts-file", str(prompts), "a dog"])
         == 0
     )
-    assert "wrote 3 prompt embeddings" in capsys.readouterr().out
-    assert len(PrecomputedEmbeddings.load(out, dim=TINY["dim"])) == 3
+    assert "wrote 4 prompt embeddings" in capsys.readouterr().out
+    assert len(PrecomputedEmbeddings.load(out, dim=TINY["dim"])) == 4  # the empty prompt too
     assert main(["--text-encoder", str(tmp_path / "absent"), "--out", str(out), "a dog"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such file or folder" in err
