@@ -102,6 +102,20 @@ _HF_NAMES = [
 ]
 
 
+_WAN_BLOCK_KEYS = (
+    "norm1.weight",
+    "attn.q.weight",
+    "attn.k.weight",
+    "attn.v.weight",
+    "attn.o.weight",
+    "pos_embedding.embedding.weight",
+    "norm2.weight",
+    "ffn.gate.0.weight",
+    "ffn.fc1.weight",
+    "ffn.fc2.weight",
+)
+
+
 def hf_name(wan_key: str) -> str | None:
     """transformers' name for a key of Wan's umT5 encoder checkpoint (None: not an encoder key)."""
     for pattern, repl in _HF_NAMES:
@@ -123,7 +137,7 @@ def _umt5_config(path: Path, tensors: dict[str, Tensor]):
     buckets, heads = shape("blocks.0.pos_embedding.embedding.weight")
     inner, _ = shape("blocks.0.attn.q.weight")
     d_ff, _ = shape("blocks.0.ffn.fc1.weight")
-    layers = len({k.split(".")[1] for k in tensors if k.startswith("blocks.")})
+    layers = 1 + max(int(k.split(".")[1]) for k in tensors if re.match(r"^blocks\.\d+\.", k))
     if inner % heads:
         raise CheckpointError(path, f"attention width {inner} does not split into {heads} heads")
     return UMT5Config(
@@ -151,6 +165,10 @@ def _load_wan_layout(path: Path):
     with torch.device("meta"):
         model = UMT5EncoderModel(config)
     expected = model.state_dict()
+    wan_keys = [f"blocks.{i}.{k}" for i in range(config.num_layers) for k in _WAN_BLOCK_KEYS]
+    for key in ["token_embedding.weight", *wan_keys, "norm.weight"]:
+        if key not in tensors:
+            raise CheckpointError(path, f"missing tensor {key!r} (a truncated checkpoint?)")
     state: dict[str, Tensor] = {}
     for key, tensor in tensors.items():
         name = hf_name(key)
@@ -163,9 +181,6 @@ def _load_wan_layout(path: Path):
             )
         state[name] = tensor
     state["encoder.embed_tokens.weight"] = state["shared.weight"]  # one embedding, tied
-    missing = sorted(set(expected) - set(state))
-    if missing:
-        raise CheckpointError(path, f"missing tensor for {missing[0]!r} (a truncated checkpoint?)")
     model.load_state_dict(state, assign=True)
     model.set_input_embeddings(model.shared)  # one tensor again (assign made two Parameters of it)
     return model
@@ -298,7 +313,7 @@ class PrecomputedEmbeddings:
                 raise CheckpointError(
                     path, f"prompt {key[:60]!r}: shape {shape}, expected [1..{text_len}, {dim}]"
                 )
-            if dtype_name not in ("F32", "F16", "BF16"):
+            if dtype_name not in ("F64", "F32", "F16", "BF16"):
                 raise CheckpointError(path, f"prompt {key[:60]!r}: dtype {dtype_name}, expected a float type")
             cleaned = clean_prompt(key)
             if cleaned in self._keys:
@@ -354,9 +369,10 @@ class PromptEmbedder:
     def dim(self) -> int:
         return self.source.dim
 
-    def __call__(self, prompts: Sequence[str]) -> Tensor:
-        """Raises :class:`UnknownPromptError` (precomputed source, prompt not in its file)."""
-        keys = [clean_prompt(p) for p in prompts]
+    def __call__(self, prompts: Sequence[str | None]) -> Tensor:
+        """``None`` is the empty prompt (``</s>`` alone). Raises :class:`UnknownPromptError` (a
+        precomputed source without the prompt)."""
+        keys = [clean_prompt(p or "") for p in prompts]
         with self._lock:
             found = {k: self._cache[k] for k in keys if k in self._cache}
             misses = list(dict.fromkeys(k for k in keys if k not in found))
@@ -380,10 +396,11 @@ def save_prompt_embeddings(
     path: Path, prompts: Sequence[str], embedder: PromptEmbedder, batch: int = 8
 ) -> None:
     """Write ``prompts``' embeddings (their own tokens only, ``[L, dim]``; keyed by the cleaned
-    prompt) as a safetensors file :class:`PrecomputedEmbeddings` reads; ``batch`` prompts per forward."""
+    prompt) as a safetensors file :class:`PrecomputedEmbeddings` reads; ``batch`` prompts per forward.
+    The empty prompt is always included: a session without a prompt conditions on it."""
     from safetensors.torch import save_file
 
-    keys = list(dict.fromkeys(clean_prompt(p) for p in prompts))
+    keys = list(dict.fromkeys(["", *(clean_prompt(p) for p in prompts)]))
     tensors: dict[str, Tensor] = {}
     for i in range(0, len(keys), batch):
         chunk = keys[i : i + batch]
@@ -420,7 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     save_prompt_embeddings(args.out, prompts, PromptEmbedder(encoder, cache_prompts=0))
-    print(f"wrote {len(set(map(clean_prompt, prompts)))} prompt embeddings to {args.out}")
+    print(
+        f"wrote {len({'', *map(clean_prompt, prompts)})} prompt embeddings (the empty one included) to {args.out}"
+    )
     return 0
 
 
