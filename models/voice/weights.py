@@ -4,10 +4,11 @@ Every weight the offline voice default uses comes from an installed distribution
 ``models/voice/README.md`` for provenance and licences). :class:`PackagedFile` names one file by
 distribution and path inside it, with the SHA-256 it must have; :func:`verified_path` finds it
 without importing the package (some of these packages import heavy or side-effecting code) and
-checks the digest. Files derived from them (the joined Whisper ``model.bin``, the GGUF converted to
-safetensors) live under :func:`cache_dir` and are built by :func:`build_once`: into a temporary
-sibling directory, then renamed into place, so a crashed or concurrent build never leaves a
-half-written directory at the final path.
+checks the digest (a distribution that is not installed raises :class:`WeightsMissing`). Files
+derived from them (the joined Whisper ``model.bin``, the GGUF converted to safetensors) live under
+:func:`cache_dir` and are built by :func:`build_once`: into a temporary sibling directory, then
+renamed into place, so a crashed or concurrent build never leaves a half-written directory at the
+final path.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ MANIFEST = "manifest.json"
 
 class WeightsError(RuntimeError):
     """A weight file is missing, or its content is not what the project pinned."""
+
+
+class WeightsMissing(WeightsError):
+    """The distribution that carries a weight file is not installed (or not at the pinned
+    version): an install step, not a broken install. ``str()`` names the fix (``install_hint``);
+    the server reports a session kind whose load raises it as unavailable and serves the others
+    (``realtime/app.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +84,10 @@ def locate(item: PackagedFile) -> Path:
     try:
         dist = importlib.metadata.distribution(item.distribution)
     except importlib.metadata.PackageNotFoundError:
-        raise WeightsError(f"{item.distribution} is not installed; run: {item.install_hint}") from None
+        raise WeightsMissing(f"{item.distribution} is not installed; run: {item.install_hint}") from None
     if dist.version != item.version:
-        raise WeightsError(
-            f"{item.distribution} {dist.version} is installed, the pinned weights are in {item.version}; "
-            f"run: {item.install_hint}"
+        raise WeightsMissing(  # short: a websocket close reason carries it (at most 123 bytes)
+            f"{item.distribution} {dist.version} is installed, not {item.version}; run: {item.install_hint}"
         )
     return Path(str(dist.locate_file(item.path)))
 
