@@ -71,7 +71,7 @@ from realtime.connections import ConnectionRegistry, DrainResult
 from realtime.demo import demo_routes
 from realtime.kinds import build_kind
 from realtime.kinds.base import ServerContext, SessionKindService
-from realtime.progress import LoadCancelled, LoadProgress
+from realtime.progress import LoadCancelled, LoadProgress, quiet_library_progress_bars
 from realtime.status import app_status
 from realtime.ws import CloseCode, close_quietly, close_reason
 
@@ -103,6 +103,7 @@ class AppState:
     _progress: LoadProgress | None = field(default=None, repr=False)  # of the kind loading now
 
     async def load_all(self) -> None:
+        quiet_library_progress_bars()  # load progress is the server's own lines (realtime.progress)
         try:
             for kind in self.kinds:
                 progress = self._progress = LoadProgress(kind.name)

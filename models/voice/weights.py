@@ -16,12 +16,16 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("models.voice.weights")
 
 CACHE_ENV = "REALTIME_SESSIONS_CACHE"
 MANIFEST = "manifest.json"
@@ -100,12 +104,15 @@ def verified_path(item: PackagedFile) -> Path:
 def build_once(name: str, build: Callable[[Path], None]) -> Path:
     """The cache directory ``name``, built by ``build(tmp_dir)`` if absent, checked if present.
 
-    ``build`` writes the derived files into the empty directory it is given. Afterwards the SHA-256
+    ``build`` writes the derived files into the empty directory it is given; a build logs one
+    line as it starts and one when done (a first start's long step, e.g. the GGUF conversion). Afterwards the SHA-256
     of every file is recorded in ``manifest.json``; later calls re-hash the files against it, so
     a corrupted or edited cache raises :class:`WeightsError` (delete the directory to rebuild).
     """
     final = cache_dir() / name
     if not final.exists():
+        log.info("building cached weights once", extra={"path": str(final)})
+        started = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
         try:
             build(tmp)
@@ -117,6 +124,10 @@ def build_once(name: str, build: Callable[[Path], None]) -> Path:
             except OSError:
                 if not (final / MANIFEST).is_file():  # not a concurrent build that won the race
                     raise
+            log.info(
+                "built cached weights",
+                extra={"path": str(final), "seconds": round(time.monotonic() - started, 1)},
+            )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     manifest = final / MANIFEST
