@@ -6,6 +6,16 @@ that overflow a double (``1e999``), integers beyond 64 bits (checked by digit co
 the interpreter's recursion limit (``RecursionError``) is refused too. It raises
 :class:`StrictJSONError` (a ``ValueError``) and nothing else, so every value it returns can be
 rendered back (``dumps`` uses ``allow_nan=False``).
+
+The number of values is bounded before any object is built (:func:`check_values`): at most
+:data:`MAX_VALUES`. Every value past the first is preceded by a ``,`` or opens a container that
+is the first item of its parent, and such a chain of first items is at most the recursion limit
+deep, so one C pass counting ``,`` bounds the values from above (commas inside strings count too: a
+document with more than ``MAX_VALUES`` commas anywhere is refused, which no protocol message of
+this server needs). A megabyte of ``[0,0,...]`` is refused for the cost of that pass, never
+parsed on the event loop. Nesting is bounded by the
+parser's recursion limit (each level one empty container); consumers bound it further
+(``sessions.events.MAX_DEPTH``).
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import math
 from typing import Any
 
 MAX_INT = 2**63 - 1
+MAX_VALUES = 16384 + 1024  # "," separated values, plus a chain of first items as deep as the parser allows
 
 
 class StrictJSONError(ValueError):
@@ -61,8 +72,16 @@ _DECODER = json.JSONDecoder(
 )
 
 
+def check_values(text: str, max_values: int = MAX_VALUES) -> None:
+    """Raise :class:`StrictJSONError` if ``text`` may hold more than ``max_values`` values (see
+    the module docstring); builds nothing."""
+    if text.count(",") >= max_values:
+        raise StrictJSONError(f"more than {max_values} JSON values (or commas)")
+
+
 def loads_strict(text: str) -> Any:
     """Parse one JSON document strictly (see the module docstring)."""
+    check_values(text)
     try:
         return _DECODER.decode(text)
     except StrictJSONError:
