@@ -90,7 +90,10 @@ def test_nested_and_wide_frames_get_typed_errors_and_do_not_stall_the_loop(tmp_p
     assert len(replies["nested"]) > 200, "the attackers kept sending"
     assert all(r == "invalid_payload: msgpack nested deeper than 32 levels" for r in replies["nested"])
     assert all("more than 65536 msgpack objects" in r for r in replies["wide"]) and replies["wide"]
-    assert all('"error"' in r and "more than 17408 JSON values" in r for r in replies["json"]) and replies["json"]
+    assert (
+        all('"error"' in r and "more than 17408 JSON values" in r for r in replies["json"])
+        and replies["json"]
+    )
     assert _gen2_pauses_over(metrics, "0.05") == slow_before, re.findall(r"realtime_gc_pause.*", metrics)
     p99 = statistics.quantiles(latencies, n=100)[98]
     assert p99 < 50.0, f"/healthz p99 {p99:.1f} ms under nested and wide frames"
