@@ -37,6 +37,7 @@ from starlette.websockets import WebSocket
 
 from models.policy.interface import ObservationError, Policy
 from models.policy.pi0_tiny import CONFIGS, Pi0TinyPolicy
+from models.policy.presets import check_prompt
 from models.policy.stage import PolicyChunk, PolicyInput, PolicyStage, policy_input
 from models.policy.trivial import ZerosPolicy
 from realtime import __version__
@@ -213,6 +214,7 @@ class _RobotHandler:
             max_message_bytes=cfg.max_message_bytes,
             error_mode=cfg.error_mode,
             max_prompt_chars=cfg.max_prompt_chars,
+            check_prompt=check_prompt,
         )
         self.episode: str | None = None
         self.prev_total_ms: float | None = None

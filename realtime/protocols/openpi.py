@@ -29,9 +29,12 @@ Decoded arrays are zero-copy read-only views over the received bin payloads
 marker whose byte count does not equal ``prod(shape) * itemsize`` is refused (openpi silently
 accepts trailing bytes).
 
-An observation's ``prompt`` (str, bytes, or a 0-d ``U``/``S`` array) is bounded here, before any
-tokeniser sees it: at most ``max_prompt_chars`` characters (``robot.max_prompt_chars``) and valid
-Unicode, else ``invalid_observation``; ``session_id`` at most :data:`MAX_SESSION_ID_CHARS`.
+An observation's ``prompt`` (str, bytes, or a 0-d ``U``/``S`` array) is checked here, before any
+tokeniser sees it, by the ``check_prompt(prompt, max_chars)`` the kind passes in (the policy's
+own rule: at most ``max_prompt_chars`` characters, ``robot.max_prompt_chars``, valid Unicode); a
+``ValueError`` from it is ``invalid_observation``. The codec imports no model code: without a
+``check_prompt`` prompts are passed on as they are. ``session_id`` at most
+:data:`MAX_SESSION_ID_CHARS`.
 
 Session sequence (reference §2.2): the server sends the msgpack metadata frame **first**, before
 reading anything; then strictly one response per request, in request order. Requests are an
@@ -57,15 +60,13 @@ from __future__ import annotations
 import enum
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Literal
 
 import msgpack
 import numpy as np
-
-from models.policy.interface import ObservationError
-from models.policy.presets import all_str, check_prompt
 
 PROTOCOL = "openpi"
 PROTOCOL_VERSION = "0.1"
@@ -82,6 +83,8 @@ INLINE_OBJECTS = 1024  # a frame this small in objects and ...
 INLINE_BYTES = 1 << 20  # ... bytes decodes in well under a millisecond: no worker thread needed
 
 ErrorMode = Literal["text", "recoverable", "openpi"]
+#: ``check_prompt(prompt, max_chars)``: raises ``ValueError`` naming why a text prompt is refused
+PromptCheck = Callable[[Any, int], object]
 _REFUSED_KINDS = frozenset("VOc")
 _MAX_NDIM = 32
 
@@ -455,6 +458,7 @@ class ServerConnection:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     error_mode: ErrorMode = "text"
     max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
+    check_prompt: PromptCheck | None = None  # the policy's prompt rule (module docstring)
     state: State = State.HANDSHAKE
     _next_seq: int = 0
     _owed: deque[int] = field(default_factory=deque)
@@ -490,7 +494,7 @@ class ServerConnection:
         self._owed.append(seq)
         if isinstance(decoded, CodecError):
             return Rejected(seq, decoded.code, decoded.message)
-        return _command(seq, decoded, self.max_prompt_chars)
+        return _command(seq, decoded, self.max_prompt_chars, self.check_prompt)
 
     def reply(self, event: Reply) -> Outbound:
         if self.state is not State.OPEN:
@@ -528,30 +532,34 @@ def _reason(message: str) -> str:
     return message.encode()[:123].decode("utf-8", "ignore")
 
 
-def _prompt_problem(prompt: Any, max_chars: int) -> str | None:
+def _prompt_problem(prompt: Any, max_chars: int, check: PromptCheck | None) -> str | None:
     """Why an observation's text ``prompt`` is refused (too long, not encodable), else ``None``:
-    the policy's own rule (``models.policy.presets.check_prompt``), applied before any session work.
+    the policy's own rule (``check``), applied before any session work.
 
     Other shapes (not text at all) are left to the policy's ``prepare``, which names the rule.
     """
     text = isinstance(prompt, str | bytes) or (
         isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind in "US"
     )
-    if not text:
+    if not text or check is None:
         return None
     try:
-        check_prompt(prompt, max_chars)
-    except ObservationError as exc:
+        check(prompt, max_chars)
+    except ValueError as exc:
         return str(exc)
     return None
 
 
-def _command(seq: int, message: Any, max_prompt_chars: int) -> Command:
+def _all_str(keys: Any) -> bool:
+    return all(map(isinstance, keys, repeat(str)))
+
+
+def _command(seq: int, message: Any, max_prompt_chars: int, check_prompt: PromptCheck | None) -> Command:
     if not isinstance(message, dict):
         return Rejected(
             seq, ErrorCode.INVALID_PAYLOAD, f"expected a msgpack map, got {type(message).__name__}"
         )
-    if not all_str(message):
+    if not _all_str(message):
         return Rejected(seq, ErrorCode.INVALID_PAYLOAD, "observation keys must be strings")
     if "endpoint" in message:
         endpoint = message["endpoint"]
@@ -559,7 +567,7 @@ def _command(seq: int, message: Any, max_prompt_chars: int) -> Command:
             return Reset(seq)
         if endpoint != "infer":
             return Rejected(seq, ErrorCode.UNKNOWN_ENDPOINT, f"unknown endpoint {str(endpoint)[:40]!r}")
-    problem = _prompt_problem(message.get("prompt"), max_prompt_chars)
+    problem = _prompt_problem(message.get("prompt"), max_prompt_chars, check_prompt)
     if problem is not None:
         return Rejected(seq, ErrorCode.INVALID_OBSERVATION, problem)
     session_id = message.get("session_id")
