@@ -180,13 +180,17 @@ class GcPauses:
             buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
             registry=registry,
         )
+        self._by_generation = [self.histogram.labels(str(g)) for g in range(3)]
         self._started = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
-        else:
-            self.histogram.labels(str(info["generation"])).observe(time.perf_counter() - self._started)
+            return
+        try:
+            self._by_generation[info["generation"]].observe(time.perf_counter() - self._started)
+        except RecursionError:  # a collection inside the deepest recursion the parser allows
+            pass
 
     @contextlib.contextmanager
     def installed(self):

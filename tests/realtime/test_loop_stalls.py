@@ -91,7 +91,7 @@ def test_nested_and_wide_frames_get_typed_errors_and_do_not_stall_the_loop(tmp_p
     assert all(r == "invalid_payload: msgpack nested deeper than 32 levels" for r in replies["nested"])
     assert all("more than 65536 msgpack objects" in r for r in replies["wide"]) and replies["wide"]
     assert (
-        all('"error"' in r and "more than 17408 JSON values" in r for r in replies["json"])
+        all('"error"' in r and "more than 16384 JSON values" in r for r in replies["json"])
         and replies["json"]
     )
     assert _gen2_pauses_over(metrics, "0.05") == slow_before, re.findall(r"realtime_gc_pause.*", metrics)
