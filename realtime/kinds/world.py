@@ -40,7 +40,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
-from models.world.controls import CONTROL_SCHEMAS
+from models.world.controls import CONTROL_SCHEMAS, validate_control
 from models.world.kv_cache import KVGeometry
 from models.world.memory import fixed_bytes
 from models.world.model import WorldModel, WorldTick
@@ -349,6 +349,7 @@ class _WorldHandler:
             ),
             default_fps=wc.fps,
             default_pacing=wc.default_pacing,
+            validate_control=validate_control,
         )
         self.start: proto.Start | None = None
         self.payload: WorldTickPayload | None = None
