@@ -99,14 +99,34 @@ class Conversation:
             previous = key
         return None
 
-    def set_transcript(self, item_id: str, text: str) -> None:
-        """The ASR's transcript of a user item's audio parts."""
+    # -- committed user audio -------------------------------------------------------------
+    def commit_audio(self, item_id: str) -> list[ev.ServerEvent]:
+        """``input_audio_buffer.committed``: the utterance is a user item (its transcript follows)."""
+        user = Message(item_id, "user", (InputAudio(None, None),))
+        previous = self.insert(user, None)
+        return [
+            ev.AudioCommitted(item_id, previous),
+            ev.ItemAdded(user, previous),
+            ev.ItemDone(user, previous),
+        ]
+
+    def transcribed(
+        self, item_id: str, text: str | None, audio_seconds: float, *, announce: bool
+    ) -> list[ev.ServerEvent]:
+        """The ASR's transcript of a user item's audio (``None``: it failed, the item says
+        nothing); with ``announce`` (transcription on) its completed or failed event."""
         entry = self._entries.get(item_id)
         if entry is not None and isinstance(entry.item, Message):
             parts = tuple(
-                replace(p, transcript=text) if isinstance(p, InputAudio) else p for p in entry.item.content
+                replace(p, transcript=text or "") if isinstance(p, InputAudio) else p
+                for p in entry.item.content
             )
             entry.item = replace(entry.item, content=parts)
+        if not announce:
+            return []
+        if text is None:
+            return [ev.TranscriptionFailed(item_id, 0, errors.transcription_failed())]
+        return [ev.TranscriptionCompleted(item_id, 0, text, ev.DurationUsage(round(audio_seconds, 3)))]
 
     # -- the client's item events ---------------------------------------------------------
     def create(self, item: Item, previous_item_id: str | None) -> list[ev.ServerEvent] | Rejected:

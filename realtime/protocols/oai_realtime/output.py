@@ -1,13 +1,16 @@
-"""One response's output, sans-I/O: the server events of a response as the model makes it.
+"""One response, sans-I/O: its lifecycle and the server events of its output as the model makes it.
 
-:class:`ResponseOutput` is a small state machine per response, h11 style (events in, nothing
-sent): :meth:`~ResponseOutput.open` announces the assistant message (unless a forced tool call
-makes the response only a function call) and, in the conversation, adds it; :meth:`~.text`,
-:meth:`~.audio` and the ``call_*`` methods render each piece the model makes (audio encoded in
-the response's output format and cut into deltas of at most ``audio_delta_ms``, the first
-``MAX_RETRIEVED_AUDIO_BYTES`` of it kept for ``conversation.item.retrieved``); :meth:`~.close`
-writes the closing events (a call cut short is closed ``incomplete``), puts the message and the
-calls into the conversation, and ends with exactly one ``response.done``.
+:func:`refusal` checks a ``response.create`` against the conversation. :class:`ResponseOutput` is
+a small state machine per response, h11 style (events out, nothing sent): :meth:`~.open`
+announces the assistant message (unless a forced tool call makes the response only a function
+call) and, in the conversation, adds it; :meth:`~.text_delta`, :meth:`~.audio` and the
+``call_*`` methods render each piece the model makes (audio encoded in the response's output
+format and cut into deltas of at most ``audio_delta_ms``, the first
+``MAX_RETRIEVED_AUDIO_BYTES`` of it kept for ``conversation.item.retrieved``); :meth:`~.cancel`
+records why it was cancelled (once); :meth:`~.finish` decides its status (cancelled, failed,
+incomplete at the token cap, completed), writes the closing events (a call cut short is closed
+``incomplete``), puts the message and the calls into the conversation, and ends with exactly one
+``response.done``.
 
 Ownership hands over once each way: the connection's runner opens it, the response's streaming
 task renders the pieces, the runner closes it after that task ended. Only ``open`` and ``close``
@@ -20,11 +23,14 @@ from dataclasses import replace
 
 import numpy as np
 
+from . import errors
 from . import server_events as ev
 from .audio import encode_audio
 from .conversation import Conversation
-from .errors import Rejected
+from .errors import ParamError, Rejected
 from .items import FunctionCall, Item, Message, OutputAudio, OutputText
+from .responses import ItemReference, ResponseSettings
+from .session_config import check_tool_choice
 from .wire import new_id
 
 #: ``rate_limits.updated`` after every response: this server does not rate-limit.
@@ -33,11 +39,26 @@ RATE_LIMITS = ev.RateLimitsUpdated(
 )
 
 
+def refusal(settings: ResponseSettings, conversation: Conversation) -> Rejected | None:
+    """Why a ``response.create`` cannot start (an ``input`` reference to no item, a forced tool
+    that is not offered), else None."""
+    for i in settings.input or ():
+        if isinstance(i, ItemReference) and i.id not in conversation:
+            return errors.item_not_found(i.id, "response.input")
+    try:
+        check_tool_choice(settings.tools, settings.tool_choice, "response.tool_choice")
+    except ParamError as exc:
+        return exc.rejected
+    return None
+
+
 class ResponseOutput:
-    """The output events of one response (see the module docstring)."""
+    """One response's lifecycle and output events (see the module docstring)."""
 
     def __init__(self, state: ev.ResponseState, audio_delta_ms: int) -> None:
         self.state = state
+        self.started = False  # opened: its tick was requested
+        self.cancel_reason: str | None = None
         self.settings = settings = state.settings
         self.in_conversation = settings.conversation != "none"
         fmt = settings.output_format
@@ -64,8 +85,22 @@ class ResponseOutput:
     def text(self) -> str:
         return "".join(self.text_parts)
 
+    @property
+    def cancellable(self) -> bool:
+        return self.cancel_reason is None
+
+    def cancel(self, reason: str) -> list[ev.ServerEvent]:
+        """Record the cancel (``client_cancelled``, ``turn_detected``). Not started yet: nothing
+        was announced, so its ``response.done`` comes now; else the caller stops the model and
+        :meth:`finish` closes it."""
+        self.cancel_reason = reason
+        if self.started:
+            return []
+        return [ev.ResponseDone(replace(self.state, status="cancelled", reason=reason))]
+
     def open(self, conversation: Conversation, *, message: bool) -> list[ev.ServerEvent]:
         """The opening events: the assistant message and its content part (``message``)."""
+        self.started = True
         self.after_id = self._last = conversation.last_id() if self.in_conversation else None
         if not message:
             return []
@@ -120,16 +155,26 @@ class ResponseOutput:
         return call_index + (1 if self.item_id else 0)  # the assistant message, when there is one, is 0
 
     # -- the end ----------------------------------------------------------------------------
-    def close(
+    def finish(
         self,
         conversation: Conversation,
-        status: str,
-        reason: str | None = None,
-        error: Rejected | None = None,
-        usage: ev.Usage | None = None,
+        *,
+        failure: str | None,
+        usage: ev.Usage | None,
+        max_output_tokens: int,
     ) -> list[ev.ServerEvent]:
-        """The closing events, ``response.done`` (``status``: completed, cancelled, incomplete,
-        failed) and ``rate_limits.updated``; the output enters the conversation."""
+        """The closing events, ``response.done`` and ``rate_limits.updated``; the output enters
+        the conversation. Status: ``cancelled`` after :meth:`cancel`, ``failed`` with the model's
+        ``failure`` code, ``incomplete`` when ``usage`` reached ``max_output_tokens``, else
+        ``completed``."""
+        status, reason, error = "completed", None, None
+        if self.cancel_reason is not None:
+            status, reason = "cancelled", self.cancel_reason
+        elif failure is not None:
+            status, error = "failed", errors.response_failed(failure)
+        elif usage is not None and usage.output_text_tokens >= max_output_tokens:
+            status, reason = "incomplete", "max_output_tokens"
+        self.state = replace(self.state, status=status)
         closing: list[ev.ServerEvent] = []
         output: list[Item] = [self._close_message(conversation, status, closing)] if self.item_id else []
         output += self._close_calls(conversation, closing)
