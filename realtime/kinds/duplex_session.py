@@ -151,6 +151,14 @@ class Flush:
 
 
 @dataclass(frozen=True)
+class End:
+    """Runner item: write what is queued, then end the connection (a step's fatal error)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class StepFailed:
     """A model step's typed error (a ``DuplexError``), carried to the owner as an output."""
 
