@@ -22,7 +22,9 @@ sans-I/O codec calls, its command handler and its tick loop); the skeleton owns 
 - **Ends.** Every way a connection ends is one :class:`Close` reason, mapped through one table
   (:data:`CLOSES`) to a close code and reason text. The socket is closed with a deadline, then its
   transport aborted if the close frame cannot be flushed. The session is released through the
-  runtime's one release path (``manager.disconnect``) whatever happened.
+  runtime's one release path (``manager.disconnect``) whatever happened, unless the connection
+  no longer owns it (a resume moved it to another connection) or the socket dropped and the
+  kind's manager keeps dropped sessions for a resume (``resume_grace_s``: it detaches them).
 - **Start deadline.** A socket that has not started a session within ``start_timeout_s`` ends with
   ``start_timeout`` (1008).
 - **Errors.** An unexpected exception in a kind is one rate-limited ERROR line with the traceback
@@ -365,8 +367,10 @@ class Connection:
             self._admitting = False
 
     def adopt(self, session: Session) -> Session:
-        """Make ``session`` this connection's: a new one, or one that outlived its socket (resume)."""
-        self.session = session
+        """Make ``session`` this connection's (its owner: ``SessionManager.attach``): a new one,
+        or one that outlived its socket (a resume; a connection still attached to it must stop
+        touching it: the kind tells it)."""
+        self.session = self.manager.attach(session, self)
         watcher = asyncio.create_task(self._watch(session), name=f"{self.kind}-session-end")
         self._children.add(watcher)
         watcher.add_done_callback(self._children.discard)
@@ -447,16 +451,11 @@ class Connection:
                     await self._runner.cancel()
         finally:
             # Release at once (the session cuts a tick still unwinding), then let the tasks end.
-            if self.session is not None and not self._kept():
-                await self.manager.disconnect(self.session.session_id)
+            if self.session is not None:
+                dropped = (self._close or Close("disconnect")).reason == "disconnect"
+                await self.manager.disconnect(self.session.session_id, owner=self, dropped=dropped)
             await asyncio.gather(*tasks, *self._children, return_exceptions=True)
         await self._finish()
-
-    def _kept(self) -> bool:
-        """A kind whose sessions outlive their socket (duplex resume) keeps the session when its
-        handler's optional ``keep_session(conn, close)`` says so; the kind then releases it."""
-        keep = getattr(self.handler, "keep_session", None)
-        return keep is not None and bool(keep(self, self._close or Close("disconnect")))
 
     async def _read(self) -> None:
         handler = self.handler
