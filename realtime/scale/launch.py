@@ -10,8 +10,8 @@ run``): ``N`` replicas of :class:`~realtime.scale.replica.RealtimeReplica`, each
 Serve's HTTP proxy on ``server.host``/``server.port`` (the single server's address, so every
 client works unchanged), the app under the route prefix ``/``; it logs ``ready`` with the URL
 once every replica loaded its models, and on SIGTERM/SIGINT drains every replica (its websockets
-closed with 1001 like the single server's), deletes the app and disconnects from Ray (a local
-instance ends with it). Exit status: 0 after
+closed with 1001 like the single server's), deletes the app and its checkpoint store and
+disconnects from Ray (a local instance ends with it). Exit status: 0 after
 a signal, 1 when a replica's model load failed or the app did not deploy, 2 for a config the
 replicas cannot run.
 """
@@ -37,6 +37,7 @@ from ray import serve
 from ray.serve.config import HTTPOptions, RequestRouterConfig
 
 from realtime.config import ConfigError, DeployConfig
+from realtime.scale.checkpoints import remove_store
 from realtime.scale.replica import DEPLOYMENT, Peers, RealtimeReplica
 from realtime.scale.router import SessionRouter
 
@@ -179,6 +180,7 @@ def serve_replicas(
         try:
             drained = drain(app_name, config.server.shutdown_timeout_s)
             serve.delete(app_name)
+            remove_store(app_name)
         finally:
             ray.shutdown()  # a local instance ends with it; a cluster keeps Serve for its other apps
         log.info("stopped", extra={"seconds": round(time.monotonic() - started, 1), **drained})
