@@ -12,7 +12,6 @@ import os
 import sys
 
 from realtime import __version__
-from realtime.bench import SCENARIOS, run_scenario
 from realtime.config import ConfigError, DeployConfig, load_config
 from realtime.logs import configure_logging
 
@@ -20,6 +19,10 @@ log = logging.getLogger("realtime.cli")
 
 
 def _parser() -> argparse.ArgumentParser:
+    # the benches are a leaf over the server: only this command reaches them (the package names
+    # the scenarios; each scenario module loads when it runs)
+    from realtime.bench import SCENARIOS
+
     parser = argparse.ArgumentParser(prog="realtime", description="Realtime websocket session server.")
     parser.add_argument("--version", action="version", version=f"realtime-sessions {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -108,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     configure_logging("warning")
+    from realtime.bench import run_scenario
+
     return run_scenario(args.scenario, args.args)
 
 

@@ -618,11 +618,8 @@ class _DuplexHandler:
         self._cancel(ds, "client_cancelled")
 
     def _cancel(self, ds: DuplexSession, reason: str) -> None:
-        """Barge-in or client cancel: bump the epoch everywhere, then close the response."""
-        engine = self.service.engine
-        assert engine is not None
-        epoch = ds.bump_epoch()
-        engine.bump_epoch(ds.session_id, epoch)
+        """Barge-in or client cancel: the epoch moves on everywhere, then the response closes."""
+        ds.interrupt()
         events: list[ev.ServerEvent] = []
         if reason == "turn_detected":
             events.append(
@@ -715,7 +712,7 @@ class _DuplexHandler:
             if item.encoded is None:
                 await conn.send(item.frame, epoch=item.epoch)
             else:
-                await conn.outbound.send_later(_binary(item.encoded), epoch=item.epoch)
+                await conn.send_later(_binary(item.encoded), epoch=item.epoch)
 
     async def _direct(self, conn: Connection, event: Any) -> None:
         """An event for a socket without a session (seq 0: nothing journaled)."""
