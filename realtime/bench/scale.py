@@ -40,7 +40,8 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from models.policy import examples
+from realtime.bench import examples
+from realtime.bench.goals import goal_note
 from realtime.bench.robot import _client, ours, overhead, throughput
 from realtime.config import config_from_mapping
 
@@ -114,7 +115,7 @@ def replica_loss(url: str, clients: int) -> tuple[int, int, int]:
         except Exception:  # noqa: BLE001 - closed by the proxy (1012): its replica is gone
             lost += 1
         with contextlib.suppress(Exception):
-            robot._ws.close()
+            robot.close()
     return lost, served, clients
 
 
@@ -181,5 +182,7 @@ def main(argv: list[str]) -> int:
         "cores": cores,
         "load_avg_at_start": [round(x, 2) for x in load],
     }
+    for key in ("proxy_added_p50_ms", "throughput_ratio_2_vs_1", "resume_after_loss_ms", "lost_sessions"):
+        print(f"{key}: {results[key]}{goal_note('scale', key)}")
     print(json.dumps(results))
     return 0

@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from clients.world_client import WorldClient
-from models.policy import examples
+from realtime.bench import examples
 from realtime.scale.proxy import LOST_CODE, LOST_REASON
 from sessions.identities import session_replica_tag
 
@@ -76,7 +76,7 @@ async def test_unmodified_clients_of_every_kind_spread_across_both_replicas(clus
     async with contextlib.AsyncExitStack() as stack:
         robots = [await asyncio.to_thread(WebsocketClientPolicy, cluster.ws) for _ in range(2)]
         for robot in robots:
-            stack.callback(robot._ws.close)
+            stack.callback(robot._ws.close)  # openpi-client 0.1.2 has no close of its own
             actions = (await asyncio.to_thread(robot.infer, examples.libero()))["actions"]
             assert actions.shape == (50, 32)
         worlds = [
