@@ -175,8 +175,9 @@ def model_config(shapes: Mapping[str, tuple[int, ...]], pi05: bool, file: Path, 
     )
     if side * side != positions:
         raise CheckpointError(file, f"SigLIP has {positions} position embeddings, not a square grid")
-    expected = expected_shapes(config)
-    for name, shape in expected.items():
+    shapes = dict(shapes)  # tied weights are saved once: the embedding may be under lm_head's name
+    shapes.setdefault(L + "embed_tokens.weight", embedding)
+    for name, shape in expected_shapes(config).items():
         if name not in shapes:
             raise CheckpointError(
                 file,
