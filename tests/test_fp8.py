@@ -1,4 +1,4 @@
-"""``models.fp8``: FP8 matmuls against high-precision Linears, layer conversion, the config keys.
+"""``models.fp8``: FP8 matmuls against high-precision Linears, layer conversion.
 
 Error bound used throughout: a product's relative (Frobenius) error against float64 <= 6 % on
 random Gaussian data (e4m3's 3 mantissa bits on both operands give ~3.5 %; module docstring).
@@ -13,7 +13,6 @@ from torch import nn
 from torch._dynamo.testing import CompileCounter
 
 from models.fp8 import E4M3_MAX, FP8, Fp8Linear, _check_device, convert_linears
-from realtime.config import ConfigError, config_from_mapping
 
 REL_ERR = 0.06
 
@@ -129,15 +128,6 @@ def test_traces_into_one_graph_for_torch_compile():
     with torch.no_grad():
         assert torch.equal(compiled(x), fp8(x))
     assert counter.frame_count == 1
-
-
-@pytest.mark.parametrize("section", ["robot"])
-def test_fp8_config_keys_round_trip_and_reject_non_bools(section):
-    assert getattr(config_from_mapping({}), section).fp8 is False
-    assert getattr(config_from_mapping({section: {"fp8": True}}), section).fp8 is True
-    for bad in ("yes", 1):
-        with pytest.raises(ConfigError, match=f"{section}.fp8"):
-            config_from_mapping({section: {"fp8": bad}})
 
 
 # -- GPU (sm89+; the H200 is sm90) -------------------------------------------------------------
