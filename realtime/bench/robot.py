@@ -33,7 +33,11 @@ and (c) with pi0 at its real shapes (``models.policy.pi0_tiny.PI0_SHAPED``, bf16
 both servers: the same policy objects); ``--clients 8,32`` measures (b) at each count and
 ``--parts`` picks the sections, e.g. the GPU-issue run
 ``realtime bench robot --device cuda --policy pi0-shaped --parts a',b --clients 8,32 --max-batch 32``.
-``--fp8`` (``robot.fp8``) runs pi0's layer matmuls in FP8 in both servers (``models/fp8.py``).
+``--policy pi0 --checkpoint PATH`` (or ``pi0.5``) serves a checkpoint folder in both servers
+(``robot.checkpoint``; ``--tokenizer`` for ``robot.tokenizer``); ``--write-checkpoint`` first
+writes a random-weight one at the real size in openpi's layout into PATH (LIBERO assets, a
+stand-in tokenizer: ``models.policy.checkpoint.write_random_openpi``), e.g.
+``realtime bench robot --device cuda --policy pi0 --checkpoint /tmp/pi0 --write-checkpoint --parts a',b``.
 
 The last line is JSON: ``overhead_ratio_libero``, ``overhead_ratio_aloha`` (ours / peer p50
 round trip, median over rounds), ``throughput_ratio_8`` (ours / peer chunks/s) with
@@ -143,15 +147,47 @@ def ours(policy: str, threads: int, robot: Mapping[str, Any] | None = None) -> I
 
 
 @contextlib.contextmanager
-def peer(policy: str, threads: int, device: str = "auto", fp8: bool = False) -> Iterator[str]:
+def peer(
+    policy: str, threads: int, device: str = "auto", files: Mapping[str, str] | None = None
+) -> Iterator[str]:
+    """openpi-server serving ``policy``; ``files``: its ``robot.checkpoint`` / ``robot.tokenizer``."""
     port = _free_port()
     cmd = [sys.executable, "-m", "realtime.bench.robot", "--serve-peer", policy, "--port", str(port)]
-    cmd += ["--torch-threads", str(threads), "--device", device] + (["--fp8"] if fp8 else [])
+    cmd += [
+        "--torch-threads",
+        str(threads),
+        "--device",
+        device,
+        "--robot-files",
+        json.dumps(dict(files or {})),
+    ]
     with _process(cmd, f"http://127.0.0.1:{port}/healthz"):
         yield f"ws://127.0.0.1:{port}"
 
 
-def serve_peer(policy: str, port: int, threads: int, device: str, fp8: bool = False) -> int:
+def _files(robot: Mapping[str, Any]) -> dict[str, str]:
+    return {k: robot[k] for k in ("checkpoint", "tokenizer") if k in robot}
+
+
+def write_checkpoint(policy: str, folder: str, device: str) -> None:
+    """A random-weight pi0 / pi0.5 checkpoint at the real size in openpi's layout (bf16 on CUDA)."""
+    from dataclasses import replace
+
+    import torch
+
+    from models.policy.checkpoint import write_random_openpi
+    from models.policy.pi0 import PI0, PI05
+
+    on = "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
+    config = PI05 if policy == "pi0.5" else PI0
+    dtype = "bfloat16" if on == "cuda" else "float32"
+    print(f"writing a random {policy} checkpoint ({dtype}, openpi layout, LIBERO) to {folder}")
+    write_random_openpi(folder, replace(config, dtype=dtype), "libero", on)
+    if on == "cuda":
+        torch.cuda.empty_cache()
+
+
+def serve_peer(policy: str, port: int, threads: int, device: str, files: Mapping[str, str]) -> int:
     """Child process: openpi-server 0.1.0 serving our policy object."""
     import torch
     from openpi_server import WebsocketPolicyServer
@@ -160,7 +196,7 @@ def serve_peer(policy: str, port: int, threads: int, device: str, fp8: bool = Fa
     from realtime.kinds.robot import build_policy, handshake_metadata
 
     torch.set_num_threads(threads)
-    config = RobotConfig(policy=policy, device=device, fp8=fp8)
+    config = RobotConfig(policy=policy, device=device, **files)
     built = build_policy(config)
     built.warmup(1)
     server = WebsocketPolicyServer(
@@ -328,12 +364,12 @@ def concurrent(
     policy: str, clients: int, seconds: float, threads: int, device: str, robot: Mapping[str, Any]
 ) -> dict[str, Any]:
     """(b): ``clients`` robots at once for ``seconds``, ours (batched) vs openpi-server (serial);
-    ``robot`` (ours' config overrides) also says the policy's ``fp8`` for both."""
+    ``robot`` (ours' config overrides) also names the checkpoint files both serve."""
     print(f"(b) {clients} concurrent clients, {policy}, {seconds:g} s each")
     print(f"{'server':<14} {'chunks/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'forward ms':>11} {'mean batch':>11}")
     figures, results = {}, {}
     servers = (
-        ("peer", lambda: peer(policy, threads, device, robot.get("fp8", False))),
+        ("peer", lambda: peer(policy, threads, device, _files(robot))),
         ("ours", lambda: ours(policy, threads, robot)),
     )
     for who, serve in servers:
@@ -403,9 +439,16 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--policy",
-        choices=["pi0-tiny", "pi0-shaped"],
+        choices=["pi0-tiny", "pi0-shaped", "pi0", "pi0.5"],
         default="pi0-tiny",
-        help="the policy of (a'), (b) and (c) for both servers",
+        help="the policy of (a'), (b) and (c) for both servers (pi0, pi0.5: --checkpoint)",
+    )
+    parser.add_argument("--checkpoint", default="", help="robot.checkpoint: a pi0 / pi0.5 checkpoint folder")
+    parser.add_argument("--tokenizer", default="", help="robot.tokenizer (default: in the checkpoint folder)")
+    parser.add_argument(
+        "--write-checkpoint",
+        action="store_true",
+        help="first write a random real-size checkpoint in openpi's layout into --checkpoint",
     )
     parser.add_argument(
         "--parts", default="a,a',b,c", help="sections to run (comma list of a, a', b, c; default all)"
@@ -430,11 +473,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--idle-rounds", type=int, default=4, help="(c): alternating blocks per case")
     parser.add_argument(
-        "--fp8",
-        action="store_true",
-        help="robot.fp8 for pi0 in (a'), (b), (c): FP8 layer matmuls, both servers",
+        "--serve-peer", choices=["zeros", "pi0-tiny", "pi0-shaped", "pi0", "pi0.5"], help=argparse.SUPPRESS
     )
-    parser.add_argument("--serve-peer", choices=["zeros", "pi0-tiny", "pi0-shaped"], help=argparse.SUPPRESS)
+    parser.add_argument("--robot-files", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     missing = missing_peer()
@@ -442,13 +483,19 @@ def main(argv: list[str]) -> int:
         print(missing, file=sys.stderr)
         return 2
     if args.serve_peer:
-        return serve_peer(args.serve_peer, args.port, args.torch_threads, args.device, args.fp8)
+        return serve_peer(
+            args.serve_peer, args.port, args.torch_threads, args.device, json.loads(args.robot_files)
+        )
+    if args.policy in ("pi0", "pi0.5") and not args.checkpoint:
+        parser.error(f"--policy {args.policy} needs --checkpoint")
+    if args.write_checkpoint:
+        write_checkpoint(args.policy, args.checkpoint, args.device)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     threads = args.torch_threads
     device = _describe_device(args.device)
     print(
         f"robot bench: ours (realtime serve) vs openpi-server 0.1.0, same policy objects, loopback, "
-        f"torch threads={threads}, cpu count={os.cpu_count()}, {args.policy}{' (FP8)' if args.fp8 else ''} device={device}"
+        f"torch threads={threads}, cpu count={os.cpu_count()}, {args.policy} device={device}"
     )
     results: dict[str, Any] = {}
     parts = set(args.parts.split(","))
@@ -456,7 +503,8 @@ def main(argv: list[str]) -> int:
     if unknown:
         parser.error(f"--parts: unknown sections {sorted(unknown)}")
     counts = [int(n) for n in args.clients.split(",")]
-    robot: dict[str, Any] = {"device": args.device, "fp8": args.fp8}
+    files = {k: v for k, v in (("checkpoint", args.checkpoint), ("tokenizer", args.tokenizer)) if v}
+    robot: dict[str, Any] = {"device": args.device, **files}
     if args.coalesce_window_s is not None:
         robot["coalesce_window_s"] = args.coalesce_window_s
     if args.max_batch is not None:
@@ -465,8 +513,8 @@ def main(argv: list[str]) -> int:
         results.update(trivial_overhead(args.requests, args.rounds, threads))
     if "a'" in parts:
         with (
-            peer(args.policy, threads, args.device, args.fp8) as url_peer,
-            ours(args.policy, threads, {"device": args.device, "fp8": args.fp8}) as url_ours,
+            peer(args.policy, threads, args.device, files) as url_peer,
+            ours(args.policy, threads, {"device": args.device, **files}) as url_ours,
         ):
             samples = overhead(
                 url_ours,
@@ -494,7 +542,8 @@ def main(argv: list[str]) -> int:
     results["device"] = device
     results["clients"] = counts
     results["policy"] = args.policy
-    results["fp8"] = args.fp8
+    if args.checkpoint:
+        results["checkpoint"] = args.checkpoint
     print(json.dumps(results))
     return 0
 

@@ -89,6 +89,7 @@ from sessions.engine import StageEngine
 from sessions.engine.dispatch import FrameClock
 from sessions.errors import SessionError
 from sessions.executor import StageExecutor
+from sessions.identities import allocated_elsewhere
 
 log = logging.getLogger("realtime.kinds.duplex")
 
@@ -528,6 +529,12 @@ class _DuplexHandler:
             reason = service.expired.get(item.session_id)
             if reason is not None:
                 await self._direct(conn, de.SessionExpired(item.session_id, reason))
+            elif allocated_elsewhere(item.session_id):  # scaled out: the session is another replica's
+                message = (
+                    f"Session {item.session_id!r} is on another replica: reconnect with "
+                    "?session_id=<it>&autostart=0, then resume."
+                )
+                await self._direct(conn, _error("session_not_found", message))
             else:
                 await self._direct(
                     conn, _error("unknown_session", f"No session {item.session_id!r} to resume.")
@@ -611,11 +618,8 @@ class _DuplexHandler:
         self._cancel(ds, "client_cancelled")
 
     def _cancel(self, ds: DuplexSession, reason: str) -> None:
-        """Barge-in or client cancel: bump the epoch everywhere, then close the response."""
-        engine = self.service.engine
-        assert engine is not None
-        epoch = ds.bump_epoch()
-        engine.bump_epoch(ds.session_id, epoch)
+        """Barge-in or client cancel: the epoch moves on everywhere, then the response closes."""
+        ds.interrupt()
         events: list[ev.ServerEvent] = []
         if reason == "turn_detected":
             events.append(
@@ -708,7 +712,7 @@ class _DuplexHandler:
             if item.encoded is None:
                 await conn.send(item.frame, epoch=item.epoch)
             else:
-                await conn.outbound.send_later(_binary(item.encoded), epoch=item.epoch)
+                await conn.send_later(_binary(item.encoded), epoch=item.epoch)
 
     async def _direct(self, conn: Connection, event: Any) -> None:
         """An event for a socket without a session (seq 0: nothing journaled)."""

@@ -177,7 +177,6 @@ class DuplexSession:
         self.frames = InputFrames(max_input_frames)
         self.inbox = StepInbox(max_unapplied_steps)
         self.resume_token = new_token()
-        self.epoch = 0
         self.step = 0  # the model's last step index
         self.attachment: Attachment | None = None
         self.detached_at: float | None = None
@@ -187,6 +186,11 @@ class DuplexSession:
         self._opus_bitrate = opus_bitrate
         self._on_failed = on_failed
         self._on_frame = on_frame
+
+    @property
+    def epoch(self) -> int:
+        """The session's one epoch (``Session.epoch``): every frame is rendered with it."""
+        return self.session.epoch
 
     @property
     def client_frames(self) -> int:
@@ -294,20 +298,20 @@ class DuplexSession:
         return items
 
     # -- epochs and attachment ------------------------------------------------------------
-    def bump_epoch(self) -> int:
-        """A barge-in or cancel: queued deltas of the old epoch are never sent, nor replayed."""
-        self.epoch += 1
-        self.journal.drop_stale(self.epoch)
+    def interrupt(self) -> None:
+        """A barge-in or cancel, in one call: the session's epoch moves on (``Session.interrupt``
+        fences the frame clock's engine and the socket's writer), and deltas of the old epoch are
+        never sent from here, nor replayed."""
+        self.session.interrupt()
+        epoch = self.session.epoch
+        self.journal.drop_stale(epoch)
         att = self.attachment
         if att is not None:
-            att.conn.epoch = self.epoch
-            att.pending = deque(p for p in att.pending if p.epoch is None or p.epoch >= self.epoch)
+            att.pending = deque(p for p in att.pending if p.epoch is None or p.epoch >= epoch)
             att.encoder = None  # the interrupted response's Ogg stream ends unfinished
-        return self.epoch
 
     def attach(self, conn: Connection, *, opus: bool) -> Attachment:
         self.attachment = Attachment(conn, opus)
-        conn.epoch = self.epoch
         self.detached_at = None
         return self.attachment
 

@@ -35,7 +35,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -85,6 +85,7 @@ from sessions.errors import SessionError, TickSupersededError
 from sessions.executor import StageExecutor
 from sessions.lifecycle import ReleaseReason
 from sessions.session import SessionStatus
+from sessions.tick import TickChunk
 
 log = logging.getLogger("realtime.kinds.voice")
 
@@ -954,12 +955,17 @@ class _VoiceHandler:
             forced_tools=forced,
             playback=PlaybackClock(),  # _generate records the audio it sends; the LLM paces on it
         )
+        session = conn.session
+        assert session is not None
+        ticks = session.stream_tick(request)  # requested now: a cancel from here on supersedes it
         conn.spawn(
-            self._generate(conn, r, request, conn.epoch),
+            self._generate(conn, r, request, ticks),
             lambda result, error: result or _Finished(r, "", b"", 0, None, error),
         )
 
-    async def _generate(self, conn: Connection, r: _Response, request: Any, epoch: int) -> _Finished:
+    async def _generate(
+        self, conn: Connection, r: _Response, request: Any, ticks: AsyncIterator[TickChunk]
+    ) -> _Finished:
         """Child task: the response's streaming tick; every chunk's deltas go out as it arrives."""
         session = conn.session
         assert session is not None
@@ -976,10 +982,8 @@ class _VoiceHandler:
             ms = audio_bytes * 1000 // (fmt.sample_rate * fmt.bytes_per_sample)
             return _Finished(r, "".join(text), bytes(kept), ms, usage, error, calls.items())
 
-        if conn.epoch != epoch:  # cancelled before the tick started
-            return finished(None)
         try:
-            async for chunk in session.stream_tick(request):
+            async for chunk in ticks:
                 speech = chunk.value
                 frames: list[ev.ServerEvent] = []
                 if speech.text:
@@ -1002,7 +1006,7 @@ class _VoiceHandler:
                 if speech.usage is not None:
                     usage = speech.usage
                 if frames:
-                    await conn.send(*self._render(frames), epoch=epoch)
+                    await conn.send(*self._render(frames), epoch=chunk.epoch)
                 if (speech.audio.size or speech.voiced_chars) and request.playback is not None:
                     request.playback.sent(speech.audio.size / fmt.sample_rate, speech.voiced_chars)
         except TickSupersededError:
@@ -1022,8 +1026,7 @@ class _VoiceHandler:
             return
         session = conn.session
         assert session is not None
-        session.interrupt()  # False before the tick took its lock: the child sees the epoch bump
-        conn.epoch += 1  # queued deltas of the cancelled response are never sent
+        session.interrupt()  # the one call: the tick is superseded, its queued deltas never sent
 
     def _max_tokens(self, settings: ResponseSettings) -> int:
         cap = self.vc.max_output_tokens

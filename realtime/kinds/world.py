@@ -57,6 +57,7 @@ from sessions.capacity import CapacityPlan, MemoryDeclaration, paced_capacity, w
 from sessions.engine import Pipeline, PipelineResult, StageEngine
 from sessions.errors import SessionError, TickSupersededError, TransientError
 from sessions.executor import StageExecutor
+from sessions.session import SessionStatus
 from sessions.tick import TickOutput
 
 log = logging.getLogger("realtime.world")
@@ -445,9 +446,8 @@ class _WorldHandler:
     async def _reset(self, conn: Connection) -> None:
         session, manager = conn.session, self.service.manager
         assert session is not None and manager is not None
-        conn.epoch += 1  # queued chunks of the old world are never shown
         self._stop_timer()
-        try:
+        try:  # the reset moves the session's epoch on: queued chunks of the old world are never shown
             await manager.reset(session.session_id)
         except SessionError as exc:
             await conn.send(self._error(exc.code, exc.message))
@@ -461,7 +461,6 @@ class _WorldHandler:
     async def _close(self, conn: Connection) -> None:
         session, manager = conn.session, self.service.manager
         assert session is not None and manager is not None
-        conn.epoch += 1
         self._stop_timer()
         try:
             await manager.close(session.session_id)
@@ -489,21 +488,12 @@ class _WorldHandler:
                 return
         self._stop_timer()
         self.ticking = True
-        generation, ahead_ms, lead = conn.epoch, pacer.ahead_s(now) * 1000, pacer.lead_s()
+        generation, ahead_ms, lead = session.epoch, pacer.ahead_s(now) * 1000, pacer.lead_s()
         lead_ms = None if lead is None else lead * 1000
-        conn.spawn(
-            self._tick(conn, session, generation),
+        conn.spawn(  # requested now: a reset before the child starts it drops it unstarted
+            session.next_tick(self.payload),
             lambda result, error: _TickDone(generation, result, error, now, ahead_ms, lead_ms),
         )
-
-    async def _tick(self, conn: Connection, session: Any, generation: int) -> Any:
-        """The spawned tick. A reset handled between the spawn and this task's first step would
-        otherwise find no tick to cut and let this one wait on the session's tick lock and then
-        run as the new world's chunk 0 (dropped here as the old epoch's), so the next chunk the
-        client saw was chunk 1: an epoch moved on before the tick started drops it unstarted."""
-        if generation != conn.epoch:
-            raise TickSupersededError("the session was reset before the tick started")
-        return await session.next_tick(self.payload)
 
     def _wake_in(self, conn: Connection, delay_s: float) -> None:
         """(Re)arm the one pacing timer: it posts a fresh ``_Wake`` to the runner."""
@@ -518,8 +508,10 @@ class _WorldHandler:
 
     async def _tick_done(self, conn: Connection, done: _TickDone) -> None:
         self.ticking = False
-        if done.generation != conn.epoch:
-            return  # superseded by a reset or close
+        session = conn.session
+        assert session is not None
+        if done.generation != session.epoch and session.status is not SessionStatus.FAILED:
+            return  # superseded by a reset or close (a failure moves the epoch on too: reported)
         if done.error is not None:
             error = done.error
             if not isinstance(error, SessionError):
@@ -543,9 +535,7 @@ class _WorldHandler:
         oldest = min(applied, default=None)
         chunk = _ChunkMedia(first=result.metadata.chunk_index == 0)
         sent = functools.partial(self._post_sent, conn, done.generation, frames, done.started, oldest, chunk)
-        await conn.outbound.send_later(
-            _media(result.value.tail, meta, chunk), epoch=done.generation, on_done=sent
-        )
+        await conn.send_later(_media(result.value.tail, meta, chunk), epoch=done.generation, on_done=sent)
 
     @staticmethod
     def _post_sent(
@@ -561,7 +551,9 @@ class _WorldHandler:
 
     def _sent(self, conn: Connection, item: _Sent) -> None:
         self.unsent -= 1
-        if item.generation == conn.epoch:  # an old world's chunk was dropped, not played
+        session = conn.session
+        assert session is not None
+        if item.generation == session.epoch:  # an old world's chunk was dropped, not played
             self.pacer.sent(item.frames, item.at, item.at - item.started)  # type: ignore[union-attr]
             if item.event_at is not None:
                 self.service.event_to_chunk.observe(item.at - item.event_at)
