@@ -73,7 +73,7 @@ from prometheus_client import CollectorRegistry
 
 from models.world.configs import CONFIGS
 from models.world.kv_cache import KVGeometry
-from models.world.model import WorldModel, WorldTick, tokenize
+from models.world.model import WorldModel, WorldTick
 from models.world.sampler import BlockRequest, recompute_generate
 from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
 from realtime.bench import world_stages
@@ -138,7 +138,7 @@ def tick_latency(args) -> dict[str, float]:
     frames = list(range(cfg.sink_frames)) + list(range(hist.shape[1] - cfg.window_frames, hist.shape[1]))
     ctx, pos = hist[:, frames], torch.tensor(frames)
     acts = torch.zeros(1, keep, cfg.action_dim, device=hist.device, dtype=hist.dtype)
-    cross = model.dit.cross_kv(tokenize("stone", cfg)[None].to(hist.device))
+    cross = model.dit.cross_kv(model.prompts(["stone"]).to(hist))
     req = [BlockRequest("s", args.blocks, 0, _act(0).expand(cfg.frames_per_block, -1))]
     rec, rec_cpu = [], []
     for _ in range(args.reps):

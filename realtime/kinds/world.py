@@ -42,11 +42,10 @@ from starlette.websockets import WebSocket
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
 from models.world.controls import CONTROL_SCHEMAS, validate_control
 from models.world.kv_cache import KVGeometry
-from models.world.memory import fixed_bytes
+from models.world.memory import decoder_state_bytes, fixed_bytes
 from models.world.model import WorldModel, WorldTick
 from models.world.profiling import OFF, DeviceProfiler
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
-from models.world.vae import decoder_state_bytes
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
