@@ -148,6 +148,9 @@ def test_every_bench_line_of_the_gpu_scripts_runs_as_written(script):
     lines = [line.split("2>&1")[0] for line in script.read_text().splitlines() if line.startswith("bench ")]
     assert lines or script.name == "env.sh"
     problems = [p for line in lines for p in command_problems(line)]
+    problems += [
+        f"no {t}" for t in re.findall(r"tests/\S+\.py", script.read_text()) if not (ROOT / t).is_file()
+    ]
     assert not problems, "\n".join(problems)
 
 
