@@ -89,11 +89,8 @@ def _many_values(rng: random.Random) -> str | bytes:
 
 def _non_finite(rng: random.Random) -> str:
     value = rng.choice(("NaN", "Infinity", "-Infinity", "1e999", "9" * 5000, "-" + "9" * 30))
-    return '{"type": %s, "data": %s, "event_id": %s}' % (
-        json.dumps(rng.choice(("session.ping", "session.event", "echo", "response.create"))),
-        value,
-        value,
-    )
+    kind = json.dumps(rng.choice(("session.ping", "session.event", "echo", "response.create")))
+    return f'{{"type": {kind}, "data": {value}, "event_id": {value}}}'
 
 
 def _wrong_types(rng: random.Random, types: tuple[str, ...]) -> str:
@@ -141,7 +138,12 @@ def _world(rng: random.Random, state: dict) -> Frame:
     kind = rng.choice(("start", "event", "event", "event", "ping", "reset", "close", "start"))
     if kind == "start":
         body: dict = {"type": "session.start", "pacing": rng.choice(("fast", "realtime", "warp"))}
-        for key, values in (("fps", (1, 4, 16, 0, 999)), ("seed", (0, 7, -1)), ("prompt", ("a cat", "")), ("format", ("jpeg", "fmp4", "gif"))):
+        for key, values in (
+            ("fps", (1, 4, 16, 0, 999)),
+            ("seed", (0, 7, -1)),
+            ("prompt", ("a cat", "")),
+            ("format", ("jpeg", "fmp4", "gif")),
+        ):
             if rng.random() < 0.5:
                 body[key] = rng.choice(values)
         return json.dumps(body)
@@ -188,17 +190,23 @@ def _robot(rng: random.Random, state: dict) -> Frame:
             }
         )
     if pick < 0.85:
-        return msgpack.packb({"nd": True, "type": "<f4", "kind": rng.choice(("", "O")), "shape": [1], "data": b"\0" * 4})
+        return msgpack.packb(
+            {"nd": True, "type": "<f4", "kind": rng.choice(("", "O")), "shape": [1], "data": b"\0" * 4}
+        )
     return msgpack.packb(rng.choice(([1, 2], "text", None, {1: 2}, {"a": [{"b": []}]})))
 
 
 def _echo(rng: random.Random, state: dict) -> Frame:
-    return json.dumps(rng.choice(({"type": "echo", "text": rng.choice(("hello world", "x " * 3000))}, {"type": "cancel"})))
+    return json.dumps(
+        rng.choice(({"type": "echo", "text": rng.choice(("hello world", "x " * 3000))}, {"type": "cancel"}))
+    )
 
 
 def _pcm(rng: random.Random) -> str:
     samples = rng.choice((0, 1, 480, 4800))
-    return base64.b64encode(struct.pack(f"<{samples}h", *(rng.randrange(-3000, 3000) for _ in range(samples)))).decode()
+    return base64.b64encode(
+        struct.pack(f"<{samples}h", *(rng.randrange(-3000, 3000) for _ in range(samples)))
+    ).decode()
 
 
 def _realtime(rng: random.Random, state: dict, duplex: bool) -> Frame:
@@ -253,7 +261,11 @@ def _realtime(rng: random.Random, state: dict, duplex: bool) -> Frame:
     elif kind == "playback.ack":
         body.update(response_id=f"resp_{rng.randrange(5)}", played_ms=rng.choice((0, 80, -1)))
     elif kind == "session.resume":
-        body.update(session_id=f"sess_{rng.randrange(5)}", resume_token="t" * rng.choice((8, 200)), last_server_event_seq=3)
+        body.update(
+            session_id=f"sess_{rng.randrange(5)}",
+            resume_token="t" * rng.choice((8, 200)),
+            last_server_event_seq=3,
+        )
     elif kind == "session.event_ack":
         body["server_event_seq"] = rng.choice((0, 5, 10**9))
     return json.dumps(body)
@@ -274,12 +286,21 @@ def routes(limits: dict[str, int]) -> dict[str, Route]:
     realtime_types = ("session.update", "input_audio_buffer.append", "response.create")
     return {
         "robot": Route(ROBOT, _robot, ("infer", "reset"), limits.get("robot", 1 << 26)),
-        "world": Route(WORLD, _world, ("session.start", "session.event", "session.ping"), limits.get("world", 1 << 16)),
+        "world": Route(
+            WORLD, _world, ("session.start", "session.event", "session.ping"), limits.get("world", 1 << 16)
+        ),
         "echo": Route(ECHO, _echo, ("echo", "cancel"), limits.get("echo", 1 << 16)),
-        "voice": Route(VOICE, lambda r, s: _realtime(r, s, False), realtime_types, limits.get("voice", 1 << 24)),
-        "duplex": Route(DUPLEX, lambda r, s: _realtime(r, s, True), realtime_types, limits.get("duplex", 1 << 20)),
+        "voice": Route(
+            VOICE, lambda r, s: _realtime(r, s, False), realtime_types, limits.get("voice", 1 << 24)
+        ),
+        "duplex": Route(
+            DUPLEX, lambda r, s: _realtime(r, s, True), realtime_types, limits.get("duplex", 1 << 20)
+        ),
         "duplex_on_realtime": Route(
-            DUPLEX_ON_REALTIME, lambda r, s: _realtime(r, s, True), realtime_types, limits.get("duplex", 1 << 20)
+            DUPLEX_ON_REALTIME,
+            lambda r, s: _realtime(r, s, True),
+            realtime_types,
+            limits.get("duplex", 1 << 20),
         ),
     }
 
@@ -304,14 +325,25 @@ def _abort(ws) -> None:  # noqa: ANN001
     transport.abort()
 
 
-async def fuzz_connection(base_url: str, route: Route, rng: random.Random, max_frames: int = 40) -> FuzzResult:
+async def fuzz_connection(
+    base_url: str, route: Route, rng: random.Random, max_frames: int = 40
+) -> FuzzResult:
     """One fuzz client on ``route`` (see the module docstring)."""
     result = FuzzResult(connections=1)
     state: dict = {}
-    frames = [route.valid(rng, state) if rng.random() < 0.55 else hostile(rng, route.types, route.limit) for _ in range(rng.randrange(1, max_frames))]
+    frames = [
+        route.valid(rng, state) if rng.random() < 0.55 else hostile(rng, route.types, route.limit)
+        for _ in range(rng.randrange(1, max_frames))
+    ]
     ending = rng.choice(("close", "close", "abort", "abort", "drop"))
     try:
-        async with connect(base_url.replace("http://", "ws://") + route.path, max_size=None, open_timeout=30, close_timeout=5, ping_interval=None) as ws:
+        async with connect(
+            base_url.replace("http://", "ws://") + route.path,
+            max_size=None,
+            open_timeout=30,
+            close_timeout=5,
+            ping_interval=None,
+        ) as ws:
             reader = asyncio.create_task(_drain(ws))
             try:
                 for frame in frames:
