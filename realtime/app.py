@@ -13,18 +13,23 @@ Routes:
 
 Every request first passes the guard middleware, in this order:
 
-1. connection limit: beyond ``server.max_connections`` open connections (counted by the server,
-   see ``realtime/server.py``), HTTP requests get 503 and websockets are accepted and closed with
-   1013; the probes ``/healthz`` and ``/readyz`` are still answered (the server keeps a reserve
-   of connections for them);
-2. :func:`realtime.auth.check_request`: API key (every route but the probes) and, for websockets,
+1. the probes ``/healthz`` and ``/readyz`` are HTTP only: a websocket handshake on them is
+   refused with HTTP 404 (never upgraded);
+2. connection limit: beyond ``server.max_connections`` open connections (counted by the server,
+   see ``realtime/server.py``), HTTP requests and websocket handshakes get HTTP 503 with
+   ``connection: close`` (no upgrade), so the connection ends at once; the probes are still
+   answered (the server keeps a reserve of connections for them and evicts idle ones);
+3. :func:`realtime.auth.check_request`: API key (every route but the probes) and, for websockets,
    ``Origin``; refused before any websocket is accepted (HTTP 401 / 403), also while loading;
-3. readiness: a websocket that arrives while models load or the server drains is accepted and
+4. readiness: a websocket that arrives while models load or the server drains is accepted and
    closed with 1013 ("try again later").
 
-``AppState.websocket_limits`` is the route -> largest inbound message table the server's websocket
-transport enforces before a frame is assembled (each kind's ``<kind>.max_message_bytes``, capped
-by ``server.max_message_bytes``; other paths get the cap).
+``AppState.websocket_limit(path, query)`` is the largest inbound message the server's websocket
+transport accepts on a handshake's route, applied before any frame header is read: the limit of
+the websocket route that would serve it (each kind's ``<kind>.max_message_bytes``, capped by
+``server.max_message_bytes``; other paths get the cap). Routes are matched exactly as the router
+matches them, query included, so ``/v1/realtime?mode=duplex`` gets the duplex limit and
+``/v1/realtime`` the voice one.
 
 Startup loads models on a worker thread after the server already listens, so probes can watch
 readiness. A load failure is logged and reported through ``on_fatal`` (the CLI exits non-zero).
@@ -38,14 +43,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Info, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
@@ -57,7 +63,7 @@ from realtime.demo import demo_routes
 from realtime.kinds import build_kind
 from realtime.kinds.base import ServerContext, SessionKindService
 from realtime.progress import LoadCancelled, LoadProgress
-from realtime.status import kind_status, server_status
+from realtime.status import app_status
 from realtime.ws import CloseCode, close_quietly
 
 log = logging.getLogger("realtime.app")
@@ -78,7 +84,8 @@ class AppState:
     url: str | None = None
     # open TCP connections as the server counts them (HTTP and websocket); set by the server
     open_connections: Callable[[], int] = field(default=lambda: 0, repr=False)
-    websocket_limits: dict[str, int] = field(default_factory=dict)
+    #: (websocket route, its largest inbound message), in the router's order (``websocket_limit``)
+    websocket_routes: list[tuple[BaseRoute, int]] = field(default_factory=list)
     max_connections: int = 0  # server.max_connections as the server applies it (fd limit)
     _announced: bool = field(default=False, repr=False)
     _load_task: asyncio.Task | None = field(default=None, repr=False)
@@ -107,6 +114,16 @@ class AppState:
         self.ready = True
         self.ready_gauge.set(1)
         self.announce_ready()
+
+    def websocket_limit(self, path: str, query_string: bytes) -> int:
+        """The largest inbound message of the route a websocket handshake for ``path`` (already
+        percent-decoded) and ``query_string`` reaches; ``server.max_message_bytes`` off-route."""
+        scope = {"type": "websocket", "path": path, "root_path": "", "query_string": query_string}
+        for route, limit in self.websocket_routes:
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                return limit
+        return self.config.server.max_message_bytes
 
     def announce_ready(self) -> None:
         """Log the one ``ready`` line with the URL once the server listens and models are warm."""
@@ -155,15 +172,15 @@ class _Guard:
             return
         server = self.state.config.server
         probe = scope["path"] in OPEN_PATHS
+        if probe and scope["type"] == "websocket":
+            await _refuse(scope, receive, send, 404, f"not a websocket endpoint: {scope['path']}")
+            return
         if not probe and self.state.open_connections() > self.state.max_connections:
-            await _try_again_later(scope, receive, send, "server is at its connection limit")
+            await _refuse(scope, receive, send, 503, "server is at its connection limit", close=True)
             return
         refusal = check_request(scope, server)
         if refusal is not None:
-            if scope["type"] == "websocket":
-                await _refuse_handshake(scope, send, refusal.status, refusal.reason)
-            else:
-                await PlainTextResponse(refusal.reason + "\n", refusal.status)(scope, receive, send)
+            await _refuse(scope, receive, send, refusal.status, refusal.reason)
             return
         if scope["type"] == "websocket" and (not self.state.ready or self.state.draining):
             reason = "server is shutting down" if self.state.draining else "server is loading models"
@@ -172,11 +189,20 @@ class _Guard:
         await self.app(scope, receive, send)
 
 
-async def _try_again_later(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
-    """HTTP 503, or a websocket accepted and closed with 1013 (clients retry on both)."""
-    if scope["type"] == "http":
-        await PlainTextResponse(reason + "\n", 503)(scope, receive, send)
+async def _refuse(
+    scope: Scope, receive: Receive, send: Send, status: int, reason: str, close: bool = False
+) -> None:
+    """An HTTP error answer, to a request or instead of a websocket upgrade; ``close`` ends the
+    connection after it (no keep-alive)."""
+    if scope["type"] == "websocket":
+        await _refuse_handshake(scope, send, status, reason)
         return
+    headers = {"connection": "close"} if close else None
+    await PlainTextResponse(reason + "\n", status, headers=headers)(scope, receive, send)
+
+
+async def _try_again_later(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
+    """A websocket accepted and closed with 1013 (clients retry)."""
     await receive()  # websocket.connect
     await send({"type": "websocket.accept"})
     await send({"type": "websocket.close", "code": CloseCode.TRY_AGAIN_LATER, "reason": reason})
@@ -200,7 +226,26 @@ async def _no_such_endpoint(websocket: WebSocket) -> None:
     await close_quietly(websocket, CloseCode.POLICY_VIOLATION, f"no such endpoint: {websocket.url.path}")
 
 
-def create_app(config: DeployConfig) -> Starlette:
+def models_document(kinds: Sequence[SessionKindService]) -> dict[str, Any]:
+    """The ``GET /v1/models`` document of ``kinds``."""
+    data = [
+        {
+            "id": m.id,
+            "object": "model",
+            "owned_by": "realtime-sessions",
+            "session_kind": m.session_kind,
+            "endpoints": list(m.endpoints),
+            **({"details": m.details} if m.details else {}),
+        }
+        for kind in kinds
+        for m in kind.models()
+    ]
+    return {"object": "list", "data": data, "session_kinds": [k.name for k in kinds]}
+
+
+def create_app(config: DeployConfig, routes_first: Sequence[BaseRoute] = ()) -> Starlette:
+    """The app of ``config``; ``routes_first`` are tried before the app's own routes, behind the
+    same guard (a Ray Serve replica's cluster-wide views: ``realtime.scale.views``)."""
     registry = CollectorRegistry()
     ready_gauge = Gauge("realtime_ready", "1 once every session kind is loaded and warmed", registry=registry)
     Info("realtime_build", "server build information", registry=registry).info({"version": __version__})
@@ -233,33 +278,10 @@ def create_app(config: DeployConfig) -> Starlette:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def list_models(_: Request) -> Response:
-        data = []
-        for kind in kinds:
-            for m in kind.models():
-                data.append(
-                    {
-                        "id": m.id,
-                        "object": "model",
-                        "owned_by": "realtime-sessions",
-                        "session_kind": m.session_kind,
-                        "endpoints": list(m.endpoints),
-                        **({"details": m.details} if m.details else {}),
-                    }
-                )
-        return JSONResponse({"object": "list", "data": data, "session_kinds": [k.name for k in kinds]})
+        return JSONResponse(models_document(kinds))
 
     async def status(_: Request) -> Response:
-        return JSONResponse(
-            server_status(
-                ready=state.ready,
-                draining=state.draining,
-                version=__version__,
-                open_connections=state.open_connections(),
-                max_connections=state.max_connections,
-                kinds=[kind_status(k, connections.count(k.name)) for k in kinds],
-                registry=registry,
-            )
-        )
+        return JSONResponse(app_status(state))
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette):
@@ -270,6 +292,7 @@ def create_app(config: DeployConfig) -> Starlette:
             await state.stop()
 
     routes = [
+        *routes_first,
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/metrics", metrics),
@@ -283,7 +306,7 @@ def create_app(config: DeployConfig) -> Starlette:
         limit = min(getattr(getattr(config, kind.name), "max_message_bytes", ceiling), ceiling)
         for route in kind_routes:
             if isinstance(route, WebSocketRoute):
-                state.websocket_limits[route.path] = limit
+                state.websocket_routes.append((route, limit))
     routes.extend(demo_routes())  # after the kinds' routes: a kind's own page under /demo/ wins
     routes.append(WebSocketRoute("/{path:path}", _no_such_endpoint))  # after every kind's routes
     app = Starlette(routes=routes, lifespan=lifespan)

@@ -71,6 +71,17 @@ Fraction = Annotated[float, _in_range(0, 1, low_open=True)]
 JpegQuality = Annotated[int, _in_range(1, 100)]
 
 
+def _origin(value: str) -> str | None:
+    from realtime.auth import parse_origin  # late: auth imports this module
+
+    if value == "*" or parse_origin(value) is not None:
+        return None
+    return "must be '*' or an origin 'http[s]://host[:port]' (no path)"
+
+
+OriginText = Annotated[str, _origin]
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -82,12 +93,18 @@ class ServerConfig:
     ws_ping_timeout_s: PositiveFloat = 20.0
     max_message_bytes: PositiveInt = 64 * 1024 * 1024
     api_keys: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
+    allowed_origins: tuple[OriginText, ...] = ()  # (): the loopback names on the bound port
+    ssl_certfile: str = ""  # "": plain HTTP; a PEM certificate chain serves HTTPS/WSS (uvicorn)
+    ssl_keyfile: str = ""  # its private key (PEM); both or neither
     max_connections: PositiveInt = 1000
     start_timeout_s: NonNegativeFloat = 10.0
     max_outbound_messages: PositiveInt = 64
     max_outbound_bytes: PositiveInt = 8 * 1024 * 1024
     max_send_wait_s: PositiveFloat = 30.0
+
+    def validate(self, path: str) -> None:
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise _FieldError(f"{path}.ssl_keyfile", "ssl_certfile and ssl_keyfile go together")
 
 
 @dataclass(frozen=True)
@@ -115,7 +132,13 @@ class RobotConfig:
     """Robot policy sessions over the OpenPI protocol."""
 
     enabled: bool = True
-    policy: Literal["pi0-tiny", "pi0-shaped", "zeros"] = "pi0-tiny"
+    # pi0 / pi0.5: a checkpoint folder (openpi or LeRobot layout); pi0-tiny, pi0-shaped: random weights
+    policy: Literal["pi0-tiny", "pi0-shaped", "pi0", "pi0.5", "zeros"] = "pi0-tiny"
+    checkpoint: str = ""  # the checkpoint folder (policy pi0 / pi0.5)
+    tokenizer: str = ""  # PaliGemma's sentencepiece file; "": <checkpoint>/paligemma_tokenizer.model
+    openpi_config: str = ""  # openpi training config whose transforms apply; "": pi0|pi05 + the robot
+    asset_id: str = ""  # assets/<asset_id>/norm_stats.json of an openpi checkpoint; "": the only one
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: checkpoints bf16 on CUDA, else float32
     idle_timeout_s: NonNegativeFloat = 0.0  # off: dead peers are found by the websocket pings
     max_lifetime_s: NonNegativeFloat = 0.0
     observation_preset: Literal["auto", "libero", "droid", "aloha", "pi0"] = "auto"
@@ -131,7 +154,43 @@ class RobotConfig:
     torch_threads: NonNegativeInt = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cuda_graphs: bool = True
-    fp8: bool = False  # pi0 layers' matmuls in FP8 (models/fp8.py; CUDA sm89+, allowed but slower on CPU)
+
+    def validate(self, path: str) -> None:
+        """A checkpoint policy's folder is read and checked here (headers and small files only:
+        no tensors, no GPU memory), so a missing or malformed file fails the config load."""
+        uses_checkpoint = self.policy in ("pi0", "pi0.5")
+        for name in ("checkpoint", "tokenizer", "openpi_config", "asset_id"):
+            if getattr(self, name) and not uses_checkpoint:
+                raise _FieldError(
+                    f"{path}.{name}", f"applies to policy pi0 or pi0.5 only (policy is {self.policy!r})"
+                )
+        if not uses_checkpoint or not self.enabled:
+            return
+        if not self.checkpoint:
+            raise _FieldError(f"{path}.checkpoint", f"policy {self.policy!r} needs a checkpoint folder")
+        from models.policy.processing import RECIPES
+
+        if self.openpi_config and self.openpi_config not in RECIPES:
+            raise _FieldError(
+                f"{path}.openpi_config", f"must be one of {', '.join(RECIPES)}, got {self.openpi_config!r}"
+            )
+        try:
+            self.inspect()
+        except ValueError as exc:  # models.policy.checkpoint.CheckpointError names the file
+            raise _FieldError(f"{path}.checkpoint", str(exc)) from None
+
+    def inspect(self) -> Any:
+        """The checked checkpoint (``models.policy.checkpoint.Checkpoint``) of policy pi0 / pi0.5."""
+        from models.policy.checkpoint import inspect
+
+        return inspect(
+            self.checkpoint,
+            pi05=self.policy == "pi0.5",
+            tokenizer=self.tokenizer,
+            preset=self.observation_preset,
+            openpi_config=self.openpi_config,
+            asset_id=self.asset_id,
+        )
 
 
 @dataclass(frozen=True)
@@ -162,7 +221,6 @@ class WorldConfig:
     compute_utilisation: Fraction = 0.8
     max_prompt_chars: PositiveInt = 2000
     compile: bool | Literal["auto"] = "auto"  # torch.compile each DiT block; auto: on CUDA devices
-    fp8: bool = False  # DiT block matmuls in FP8 (models/fp8.py; CUDA sm89+, allowed but slower on CPU)
     # the DiT's attention kernel (models/world/attention.py): auto = flash4 on a Hopper GPU in
     # bf16/fp16 where the flash4 extra is installed, else sdpa; flash4 elsewhere fails the load
     attention: Literal["auto", "sdpa", "flash4"] = "auto"
@@ -170,16 +228,14 @@ class WorldConfig:
     # devices, falling back to eager passes with a warning if a capture fails; true: a failed
     # capture fails the load
     cuda_graphs: bool | Literal["auto"] = "auto"
-    # the CUDA stream priority of the DiT's passes against the decoder's stream (models/world/stage.py)
-    dit_priority: Literal["normal", "high"] = "normal"
+    # where a chunk's time goes, stage by stage (world_stage_seconds; models/world/profiling.py)
+    stage_timing: bool = True
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:
             raise _FieldError(f"{path}.fps", f"must be in min_fps..max_fps ({self.min_fps}..{self.max_fps})")
         if self.cuda_graphs is True and not self.device.startswith("cuda"):
             raise _FieldError(f"{path}.cuda_graphs", f"needs a CUDA device (device is {self.device!r})")
-        if self.dit_priority == "high" and not self.device.startswith("cuda"):
-            raise _FieldError(f"{path}.dit_priority", f"high needs a CUDA device (device is {self.device!r})")
 
     @property
     def compiles(self) -> bool:
@@ -288,6 +344,36 @@ class DuplexConfig:
 
 
 @dataclass(frozen=True)
+class ReplicasConfig:
+    """Ray Serve replicas (``realtime serve --replicas N``, ``deploy/ray/``; docs/scaling.md).
+
+    The single-process server ignores this section. Every replica runs every enabled kind with the
+    limits of the other sections, so session limits (``runtime.max_sessions``, each kind's
+    ``max_sessions``, the memory plan) apply per replica, and ``server.max_connections`` becomes
+    each replica's ``max_ongoing_requests`` (open websockets plus HTTP requests in flight)."""
+
+    num_cpus: PositiveFloat = 1.0  # Ray CPUs each replica reserves
+    num_gpus: NonNegativeFloat = 0.0  # GPUs each replica reserves; a fraction shares one GPU
+    memory_bytes: PositiveInt | None = None  # Ray's memory resource each replica reserves
+    stats_period_s: PositiveFloat = 1.0  # how often Serve collects each replica's routing stats
+    max_queued_requests: PositiveInt = 100  # per proxy: requests waiting for a replica, then 503
+    health_check_period_s: PositiveFloat = 10.0
+    health_check_timeout_s: PositiveFloat = 30.0
+    peer_timeout_s: PositiveFloat = 2.0  # cluster views: a replica silent this long is "unreachable"
+    app_name: str = "realtime"  # the Serve application's name
+    object_store_bytes: PositiveInt | None = None  # the local Ray instance's object store (null: Ray's)
+    checkpoint_max_bytes: PositiveInt = 4 * 1024 * 1024  # one session's resumable state
+    checkpoint_ttl_s: PositiveFloat = 300.0  # a checkpoint not refreshed this long is dropped
+    checkpoint_max_sessions: PositiveInt = 100_000  # checkpoints the store holds at once
+
+    def validate(self, path: str) -> None:
+        if not self.app_name or not all(c.isalnum() or c in "-_" for c in self.app_name):
+            raise _FieldError(
+                f"{path}.app_name", f"must be letters, digits, '-' or '_', got {self.app_name!r}"
+            )
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -296,6 +382,7 @@ class DeployConfig:
     echo: EchoConfig = field(default_factory=EchoConfig)
     voice: VoiceConfig = field(default_factory=VoiceConfig)
     duplex: DuplexConfig = field(default_factory=DuplexConfig)
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
 
     def enabled_kinds(self) -> list[str]:
         """Names of the session kinds this deployment serves, in a stable order."""

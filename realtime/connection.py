@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected, WebSocketState
 
 from realtime.connections import TRANSPORT_EXTENSION
 from realtime.logs import log_internal_error
@@ -491,6 +491,8 @@ class Connection:
             self.end(exc.reason)
         except (WebSocketDisconnect, OSError):  # a direct send to a client that went away
             self.end("disconnect")
+        except WebSocketDisconnected:  # a send after the server's shutdown drain closed it (1001)
+            self.end("shutdown")
         except Exception as exc:
             self._internal_error(exc)
 

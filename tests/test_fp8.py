@@ -131,7 +131,7 @@ def test_traces_into_one_graph_for_torch_compile():
     assert counter.frame_count == 1
 
 
-@pytest.mark.parametrize("section", ["world", "robot"])
+@pytest.mark.parametrize("section", ["robot"])
 def test_fp8_config_keys_round_trip_and_reject_non_bools(section):
     assert getattr(config_from_mapping({}), section).fp8 is False
     assert getattr(config_from_mapping({section: {"fp8": True}}), section).fp8 is True

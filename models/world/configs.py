@@ -20,6 +20,17 @@ from safetensors.torch import load_file, save_file
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file (DiT, VAE, text encoder, tokenizer, prompt embeddings) is missing or
+    malformed. ``str()`` is one line naming the file and what is wrong; the config layer reports it
+    and exits 2, before any model memory is taken."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class WorldModelConfig:
     name: str = "world-tiny"

@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.fp8 import convert_linears
 from models.world.attention import Kernel, attend, splits_for
 from models.world.configs import WorldModelConfig
 
@@ -243,15 +242,6 @@ class CausalDiT(nn.Module):
         for i, blk in enumerate(self.blocks):
             self.blocks[i] = torch.compile(blk, dynamic=False, backend=backend)
         self.compiled = True
-
-    def to_fp8(self) -> int:
-        """FP8 matmuls (``models.fp8``) for the blocks' attention, cross-attention and MLP
-        projections; returns how many Linears were swapped (7 per block). The adaLN ``modulation``
-        stays in high precision (it runs on one row per frame, so FP8 saves no time there, and its
-        output scales every token of the frame), and so do the embeddings and the output head
-        (small: their FLOPs are < 0.1 % of a block's at the Wan-1.3B shape). Call it after the
-        last ``.to(dtype)`` and before :meth:`compile_blocks`."""
-        return sum(convert_linears(blk, skip=("modulation",)) for blk in self.blocks)
 
     def cross_kv(self, tokens: Tensor) -> list[KV]:
         """Per-layer cross-attention K/V for prompt token ids ``[B, text_len]``."""

@@ -25,14 +25,10 @@ ALLOCATOR_MARGIN = 1.25
 KERNEL_WORKSPACE_BYTES = 256 * 2**20  # cuDNN convolution and cuBLAS workspaces of one tick
 
 
-def weight_bytes(cfg: WorldModelConfig, dtype: torch.dtype, fp8: bool = False) -> int:
-    """Parameters and buffers of the DiT and the decoder in ``dtype`` (built on the meta device);
-    with ``fp8`` the DiT's converted layers count as built (``CausalDiT.to_fp8``: 1-byte weights,
-    float32 scales)."""
+def weight_bytes(cfg: WorldModelConfig, dtype: torch.dtype) -> int:
+    """Parameters and buffers of the DiT and the decoder in ``dtype`` (built on the meta device)."""
     with torch.device("meta"):
         dit, decoder = CausalDiT(cfg).to(dtype), CausalDecoder(cfg).to(dtype)
-    if fp8:
-        dit.to_fp8()
     return sum(t.numel() * t.element_size() for m in (dit, decoder) for t in (*m.parameters(), *m.buffers()))
 
 
@@ -74,17 +70,13 @@ def graph_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> in
     return activations + max_batch * KVGeometry.of(cfg, dtype).cross_bytes
 
 
-def fixed_bytes(
-    cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, fp8: bool = False, graphs: bool = False
-) -> int:
-    """Everything but the per-session pools: weights (``fp8``: the DiT's FP8 layers) plus one
-    batched tick's transient memory (the same estimate with ``fp8``: a layer's per-call copies
-    of its input, one in ``dtype`` and one of 1 byte per element, live while the attention's
-    tensors counted above are already freed), plus :func:`graph_bytes` with ``graphs``."""
+def fixed_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, graphs: bool = False) -> int:
+    """Everything but the per-session pools: weights plus one batched tick's transient memory,
+    plus :func:`graph_bytes` with ``graphs``."""
     transient = (
         KVGeometry.of(cfg, dtype).scratch_bytes(max_batch)
         + dit_activation_bytes(cfg, dtype, max_batch)
         + decoder_activation_bytes(cfg, dtype, max_batch)
         + (graph_bytes(cfg, dtype, max_batch) if graphs else 0)
     )
-    return weight_bytes(cfg, dtype, fp8) + KERNEL_WORKSPACE_BYTES + int(ALLOCATOR_MARGIN * transient)
+    return weight_bytes(cfg, dtype) + KERNEL_WORKSPACE_BYTES + int(ALLOCATOR_MARGIN * transient)

@@ -38,6 +38,7 @@ from models.world.configs import WorldModelConfig, load_model_weights, read_conf
 from models.world.dit import CausalDiT
 from models.world.graphs import DiTGraphs
 from models.world.kv_cache import KVGeometry, KVPool
+from models.world.profiling import OFF, Profiler
 from models.world.sampler import BlockRequest, FlowSampler
 from models.world.start_frames import StartFrames, load_start_frames
 from models.world.vae import CausalDecoder, DecoderState, decoder_state_bytes, split_state, stack_states
@@ -78,6 +79,7 @@ class WorldModel:
     starts: StartFrames | None = None  # a session's first block begins from one (start_frames.py)
     sessions: dict[str, _Session] = field(default_factory=dict)
     graphs: DiTGraphs | None = None  # capture_graphs: CUDA graphs of the DiT's steady pass
+    profiler: Profiler = OFF  # stage timing (models.world.profiling): the sampler marks the DiT passes
 
     @classmethod
     def build(
@@ -88,15 +90,12 @@ class WorldModel:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
-        fp8: bool = False,
         attention: str = "sdpa",
+        profiler: Profiler = OFF,
     ) -> WorldModel:
         """Random init from ``seed`` (or ``weights``), eval mode, a pool of ``slots`` sessions.
+        ``profiler``: stage timing (``models.world.profiling``; off by default).
 
-        ``fp8``: the DiT's block matmuls in FP8 (``CausalDiT.to_fp8``: weights quantized once
-        after loading, per output channel; activations per token); the decoder, the KV pool and
-        every other tensor stay in ``dtype``. Meant for CUDA from sm89 (Hopper: twice the bf16
-        peak); allowed on the CPU, where it is slower (no FP8 units) and serves the tests.
         ``attention``: the DiT's attention kernel, ``auto``, ``sdpa`` or ``flash4``
         (``models.world.attention.resolve_kernel``)."""
         torch.manual_seed(seed)
@@ -106,13 +105,11 @@ class WorldModel:
             load_model_weights(dit, weights, "dit.")
             load_model_weights(decoder, weights, "decoder.")
         dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
-        if fp8:
-            dit.to_fp8()
         dit.attention = resolve_kernel(attention, device, dtype)
         decoder = decoder.to(device=device, dtype=dtype).eval().requires_grad_(False)
         pool = KVPool(KVGeometry.of(cfg, dtype), slots, dtype, device)
         starts = load_start_frames(weights) if weights is not None else None
-        return cls(cfg, dit, decoder, pool, starts.to(device, dtype) if starts else None)
+        return cls(cfg, dit, decoder, pool, starts.to(device, dtype) if starts else None, profiler=profiler)
 
     @classmethod
     def from_weights(cls, path: Path, slots: int, **kw) -> WorldModel:
@@ -157,10 +154,9 @@ class WorldModel:
     def init_decoder_state(self) -> DecoderState:
         return self.decoder.init_state()
 
-    def generate(self, ticks: Sequence[WorldTick], mark: Callable[[], None] | None = None) -> Tensor:
-        """One latent block per tick in one batched forward; returns x0 ``[B, fpb, C, h, w]``.
-        ``mark``: called before and after each DiT pass (``FlowSampler``)."""
-        x0, commit = self._generate(ticks, mark)
+    def generate(self, ticks: Sequence[WorldTick]) -> Tensor:
+        """One latent block per tick in one batched forward; returns x0 ``[B, fpb, C, h, w]``."""
+        x0, commit = self._generate(ticks)
         commit()
         return x0
 
@@ -179,9 +175,7 @@ class WorldModel:
         return frames
 
     @torch.no_grad()
-    def _generate(
-        self, ticks: Sequence[WorldTick], mark: Callable[[], None] | None = None
-    ) -> tuple[Tensor, Callable[[], None]]:
+    def _generate(self, ticks: Sequence[WorldTick]) -> tuple[Tensor, Callable[[], None]]:
         """x0 of each tick's block and the commit that writes its KV (nothing written before)."""
         cfg = self.cfg
         states = [self.sessions[t.session_id] for t in ticks]
@@ -209,7 +203,7 @@ class WorldModel:
                 (k.index_copy(0, index, fk), v.index_copy(0, index, fv))
                 for (k, v), (fk, fv) in zip(cross, fresh, strict=True)
             ]
-        sampler = FlowSampler(self.dit, self.pool, self.graphs, mark)
+        sampler = FlowSampler(self.dit, self.pool, self.graphs, self.profiler)
         x0, past, mask = sampler.denoise(reqs, cross)
         kv = sampler.clean_pass(reqs, x0, past, mask, cross)
 

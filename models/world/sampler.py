@@ -24,7 +24,7 @@ latent history) used by the correctness tests and as the recompute baseline of t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +34,7 @@ from models.transfer import to_device
 from models.world.dit import KV, CausalDiT, block_causal_mask
 from models.world.graphs import DiTGraphs
 from models.world.kv_cache import KVPool
+from models.world.profiling import OFF, Profiler
 
 
 def block_noise(
@@ -80,17 +81,14 @@ def pin_starts(reqs: Sequence[BlockRequest], x0: Tensor) -> Tensor:
 
 class FlowSampler:
     """``graphs``: CUDA graphs of the steady pass (``models.world.graphs``), replayed for the
-    batches they cover; ``mark``: called before and after each DiT pass (the block stage's timing)."""
+    batches they cover; ``profiler``: marks the denoise passes and the clean pass
+    (``models.world.profiling``)."""
 
     def __init__(
-        self,
-        dit: CausalDiT,
-        pool: KVPool,
-        graphs: DiTGraphs | None = None,
-        mark: Callable[[], None] | None = None,
+        self, dit: CausalDiT, pool: KVPool, graphs: DiTGraphs | None = None, profiler: Profiler = OFF
     ) -> None:
         self.dit, self.pool, self.cfg = dit, pool, dit.cfg
-        self.graphs, self.mark = graphs, mark
+        self.graphs, self.profiler = graphs, profiler
 
     def _pass(
         self,
@@ -104,16 +102,12 @@ class FlowSampler:
         replay: bool,
     ) -> tuple[Tensor, list[KV]]:
         """One DiT pass at noise ``s``: x0 and, from an eager pass, its tokens' K/V."""
-        if self.mark is not None:
-            self.mark()
         if replay:
             assert self.graphs is not None
             x0, kv = self.graphs.run(x, s), []
         else:
             sigma = torch.full(x.shape[:2], s, dtype=x.dtype, device=x.device)
             x0, kv = self.dit(x, pos, sigma, actions, cross, mask, past)
-        if self.mark is not None:
-            self.mark()
         return x0, kv
 
     def _replays(
@@ -154,12 +148,14 @@ class FlowSampler:
         noise = block_noises(reqs, len(cfg.sigmas), shape, self.pool.k)
         replay = self._replays(past, mask, pos, actions, cross)
         x = x0 = noise[0]
+        self.profiler.mark("denoise")
         for i, s in enumerate(cfg.sigmas):
             x0, _ = self._pass(x, s, pos, actions, cross, mask, past, replay)
             x0 = pin_starts(reqs, x0)
             if i + 1 < len(cfg.sigmas):
                 nxt = cfg.sigmas[i + 1]
                 x = (1 - nxt) * x0 + nxt * noise[i + 1]
+        self.profiler.mark("denoised")
         return x0, past, mask
 
     @torch.no_grad()
@@ -170,7 +166,9 @@ class FlowSampler:
         from a replayed graph they are views of the past's room, valid until the next gather)."""
         _, _, pos, actions = self._inputs(reqs)
         replay = self._replays(past, mask, pos, actions, cross)
+        self.profiler.mark("clean")
         _, kv = self._pass(x0, 0.0, pos, actions, cross, mask, past, replay)
+        self.profiler.mark("cleaned")
         if not replay:
             return kv
         room = x0.shape[1] * self.cfg.tokens_per_frame  # where the replayed self-attention wrote them

@@ -34,16 +34,12 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    session / the device's dense bf16 peak (``--peak-tflops``, 989 for an H200); ``mfu_dit_span``
    divides by the DiT's own span per block instead (the ``denoise`` + ``clean`` stage means, one
    session: what the passes reach while they run, without the time between blocks). The served
-   ``world.cuda_graphs`` is ``--cuda-graphs``, ``world.dit_priority`` ``--dit-priority``;
-   ``--e2e-batched-only`` skips the time-sliced server. Its JSON keys:
+   ``world.cuda_graphs`` is ``--cuda-graphs``; ``--e2e-batched-only`` skips the time-sliced server. Its JSON keys:
    ``fps_1``, ``ttff_ms``, ``aggregate_ratio_4`` (aggregate fps at 4 sessions / fps at 1, batched),
    ``mfu``, ``mfu_dit_span``, ``e2e_fps`` (per mode and ``n``), ``stage_ms`` (per mode and ``n``: where a chunk's
    time went, stage by stage, from the server's ``world_stage_seconds`` histogram scraped before
    and after each run, ``realtime.bench.world_stages``: ``mean``, ``p50`` and ``max`` of the later blocks,
    ``first_block`` the mean of the run's first blocks, ``n`` the later blocks counted).
-
-``--fp8``: every section with the DiT's block matmuls in FP8 (``world.fp8``, ``models/fp8.py``);
-``mfu`` stays a fraction of the dense *bf16* peak (so FP8 can lift it past what bf16 could reach).
 
 Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``,
 ``pipeline_overlap_ratio``, ``continuous_play_ratio``, ``key_to_frame_ms_p50``,
@@ -99,7 +95,6 @@ def _build(args, slots: int) -> WorldModel:
         weights=weights,
         device=args.device,
         dtype=getattr(torch, args.dtype),
-        fp8=args.fp8,
         attention=args.attention,
     )
 
@@ -242,7 +237,6 @@ def world_server(args, **world: object) -> Iterator[str]:
             "device": args.device,
             "dtype": args.dtype,
             "torch_threads": args.threads,
-            "fp8": args.fp8,
             "attention": args.attention,
             **({} if args.pacing_margin_s is None else {"pacing_margin_s": args.pacing_margin_s}),
             **world,
@@ -478,8 +472,7 @@ def e2e_section(args) -> dict[str, object]:
     stage_ms: dict[str, dict[str, world_stages.Breakdown]] = {mode: {} for mode, _ in modes}
     ttff: list[float] = []
     print(
-        f"end to end through realtime serve, {args.model} on {args.device} ({args.dtype}"
-        f"{', FP8 DiT matmuls' if args.fp8 else ''}), fast pacing, JPEG"
+        f"end to end through realtime serve, {args.model} on {args.device} ({args.dtype}), fast pacing, JPEG"
     )
     counts = [str(n) for n in args.e2e_sessions]
     for mode, max_batch in modes:
@@ -488,7 +481,6 @@ def e2e_section(args) -> dict[str, object]:
             "compute_admission": False,
             "compile": COMPILE[args.compile],
             "cuda_graphs": COMPILE[args.cuda_graphs],
-            "dit_priority": args.dit_priority,
         }
         if args.encode_threads is not None:
             served["encode_threads"] = args.encode_threads
@@ -581,17 +573,11 @@ def main(argv: list[str]) -> int:
         default="auto",
         help="section 6: the served world.compile (auto, the server's default: on for CUDA; bare --compile: on)",
     )
-    for flag, choices, served in (
-        (
-            "--cuda-graphs",
-            ("auto", "on", "off"),
-            "world.cuda_graphs (auto, the server's default: on for CUDA)",
-        ),
-        ("--dit-priority", ("normal", "high"), "world.dit_priority (the DiT's CUDA stream priority)"),
-    ):
-        p.add_argument(flag, choices=choices, default=choices[0], help=f"section 6: the served {served}")
     p.add_argument(
-        "--fp8", action="store_true", help="the DiT's block matmuls in FP8 (world.fp8), every section"
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="section 6: the served world.cuda_graphs (auto, the server's default: on for CUDA)",
     )
     p.add_argument(
         "--attention",
@@ -614,10 +600,8 @@ def main(argv: list[str]) -> int:
                     "device": args.device,
                     "model": args.model,
                     "dtype": args.dtype,
-                    "fp8": args.fp8,
                     "compile": args.compile,
                     "cuda_graphs": args.cuda_graphs,
-                    "dit_priority": args.dit_priority,
                     "attention": args.attention,
                 }
             )
@@ -676,6 +660,5 @@ def _print_key_to_frame(args, figures: dict[str, float]) -> int:
         "device": args.device,
         "model": args.model,
         "dtype": args.dtype,
-        "fp8": args.fp8,
     }))  # fmt: skip
     return 0 if run.echo_mismatches == 0 else 1

@@ -34,6 +34,7 @@ from realtime.protocols.oai_realtime import client_events as ce
 from realtime.protocols.oai_realtime import server_events as ev
 from realtime.protocols.oai_realtime.wire import new_id
 from sessions.errors import SessionError
+from sessions.identities import allocated_elsewhere
 from sessions.session import SessionStatus
 
 if TYPE_CHECKING:
@@ -161,6 +162,12 @@ class DuplexHandler:
                 await self._direct(
                     conn, de.SessionExpired(item.session_id, EXPIRED_REASONS.get(reason, reason))
                 )
+            elif allocated_elsewhere(item.session_id):  # scaled out: the session is another replica's
+                message = (
+                    f"Session {item.session_id!r} is on another replica: reconnect with "
+                    "?session_id=<it>&autostart=0, then resume."
+                )
+                await self._direct(conn, _error("session_not_found", message))
             else:
                 await self._direct(
                     conn, _error("unknown_session", f"No session {item.session_id!r} to resume.")

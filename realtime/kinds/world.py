@@ -44,6 +44,7 @@ from models.world.controls import CONTROL_SCHEMAS
 from models.world.kv_cache import KVGeometry
 from models.world.memory import fixed_bytes
 from models.world.model import WorldModel, WorldTick
+from models.world.profiling import OFF, DeviceProfiler
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
 from models.world.vae import decoder_state_bytes
 from realtime.connection import Close, Connection, runtime_close
@@ -152,7 +153,7 @@ class WorldService(KindServiceBase):
         cfg, weights = resolve_model(wc.model, wc.weights)
         self.plan = capacity_plan(
             self.ctx.config.runtime,
-            world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch, wc.fp8, wc.graphs),
+            world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch, wc.graphs),
             wc.device,
         )
         progress("load model", 1, 3)
@@ -162,8 +163,8 @@ class WorldService(KindServiceBase):
             weights=weights,
             device=wc.device,
             dtype=_DTYPES[wc.dtype],
-            fp8=wc.fp8,
             attention=wc.attention,
+            profiler=DeviceProfiler(wc.device.startswith("cuda")) if wc.stage_timing else OFF,
         )
         if wc.compiles:
             self.model.dit.compile_blocks()
@@ -203,7 +204,7 @@ class WorldService(KindServiceBase):
         wc, model, plan = self.config, self.model, self.plan
         assert model is not None and plan is not None, "load() runs before start()"
         stages = (
-            WorldBlockStage(model, device=wc.device, high_priority=wc.dit_priority == "high"),
+            WorldBlockStage(model, device=wc.device),
             WorldDecodeStage(model, device=wc.device),
             MediaEncodeStage(model.pool.slots, threads=wc.encode_threads),
         )
@@ -278,16 +279,16 @@ def measure_step_seconds(
 
 
 def world_declaration(
-    cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, fp8: bool = False, graphs: bool = False
+    cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, graphs: bool = False
 ) -> MemoryDeclaration:
     """One session's bytes over the world stages, computed from the geometry before any pool
     exists (what ``WorldBlockStage.state_bytes() + WorldDecodeStage.state_bytes()`` will say);
-    the fixed share (weights, FP8 ones with ``fp8``; one batched tick's transient memory; the
-    DiT's CUDA graphs with ``graphs``) is ``models.world.memory``."""
+    the fixed share (weights; one batched tick's transient memory; the DiT's CUDA graphs with
+    ``graphs``) is ``models.world.memory``."""
     geometry = KVGeometry.of(cfg, dtype)
     return MemoryDeclaration(
         resident_bytes_per_session=geometry.bytes_per_session + decoder_state_bytes(cfg, dtype),
-        scratch_bytes=fixed_bytes(cfg, dtype, max_batch, fp8, graphs),
+        scratch_bytes=fixed_bytes(cfg, dtype, max_batch, graphs),
         max_sessions=256,
     )
 

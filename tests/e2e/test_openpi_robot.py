@@ -16,12 +16,12 @@ from openpi_client import msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from models.policy.examples import aloha, droid, libero
-from models.policy.pi0_tiny import Pi0TinyPolicy
+from models.policy.pi0_policy import Pi0Policy
+from realtime.bench.examples import aloha, droid, libero
 from realtime.config import RobotConfig, config_from_mapping
 from realtime.kinds.robot import handshake_metadata
 from sessions.engine import Coalescing
-from tests.robot.test_pi0_tiny import pi0_obs
+from tests.robot.test_pi0_policy import pi0_obs
 from tests.serving import serve_in_process
 from tests.sessions.engine.test_arrival_dispatch import Spy
 
@@ -48,11 +48,11 @@ async def server():
 
 
 @pytest.fixture(scope="module")
-def local() -> Pi0TinyPolicy:
-    return Pi0TinyPolicy()
+def local() -> Pi0Policy:
+    return Pi0Policy()
 
 
-def expected(policy: Pi0TinyPolicy, obs: dict) -> np.ndarray:
+def expected(policy: Pi0Policy, obs: dict) -> np.ndarray:
     return policy.infer([policy.prepare(obs)], [None])[0]
 
 

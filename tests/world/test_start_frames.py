@@ -7,8 +7,9 @@ import torch
 
 from models.world.configs import TEST, WEIGHTS_DIR, save_model_weights
 from models.world.model import WorldModel, tokenize
-from models.world.sharpness import frame_stats, generated_frames
-from models.world.start_frames import StartFrames, add_to_weights, load_start_frames
+from models.world.start_frames import StartFrames, load_start_frames
+from models.world.training.sharpness import frame_stats, generated_frames
+from models.world.training.start_frames import add_to_weights
 from tests.world.helpers import make_model, tick
 
 THEMES = ("stone", "forest", "desert")

@@ -1,4 +1,4 @@
-"""Train the embedded world model on the procedural maze (``models/world/env.py``).
+"""Train the embedded world model on the procedural maze (``models/world/training/env.py``).
 
 Two stages, each bounded by steps and minutes:
 
@@ -17,7 +17,7 @@ Two stages, each bounded by steps and minutes:
    plus (``--adv-weight``) a hinge loss from a small patch discriminator that rewards the brick
    mortar and floor checks a pixel loss averages away.
 
-The model file also gets start frames (``start_frames.py``: encoded maze frames a session's first
+The model file also gets start frames (``models.world.training.start_frames``: encoded maze frames a session's first
 block begins from, ``--start-frames-per-theme``). Data: random mazes, themes (the prompt) and
 per-block actions, rendered into a pool of clips of
 ``1 + 4(n - 1)`` frames up front. The result is one safetensors file (``dit.*``, ``decoder.*``,
@@ -25,7 +25,7 @@ config in the metadata), float16 by default (``--weights-dtype``; it loads as fl
 flags (``--latent-channels``, ``--dim``, ``--heads``, ``--depth``, ``--ffn-dim``,
 ``--decoder-channels``, ``--decoder-res-levels``) override ``TINY``'s fields. Runs on CPU (tiny
 and slow: ``--clips 8 --ae-steps 2 --dit-steps 2 --dec-steps 2``) or GPU. At the end it prints the held-out PSNR and sharpness of the decoder
-(``models.world.sharpness``), the sharpness of generated frames and the control response.
+(``models.world.training.sharpness``), the sharpness of generated frames and the control response.
 Stage 1 alone can run in one process and stages 2-3 in another: ``--autoencoder-only
 --save-autoencoder AE.safetensors`` then ``--autoencoder AE.safetensors`` (the encoder, which the
 model file does not keep, travels in that file). Exact command and time of the committed
@@ -55,10 +55,10 @@ from models.world.configs import (
     save_model_weights,
 )
 from models.world.dit import CausalDiT, block_causal_mask
-from models.world.env import THEMES, MazeEnv, horizontal_shift, rollout
 from models.world.model import WorldModel, WorldTick, tokenize
-from models.world.sharpness import frame_stats, generated_frames, psnr, side_by_side
-from models.world.start_frames import render_start_frames
+from models.world.training.env import THEMES, MazeEnv, horizontal_shift, rollout
+from models.world.training.sharpness import frame_stats, generated_frames, psnr, side_by_side
+from models.world.training.start_frames import render_start_frames
 from models.world.vae import CausalDecoder
 
 # per-block action menu: (probability, [forward, back, left, right, mouse_dx, mouse_dy])
@@ -353,7 +353,7 @@ def train_decoder_on_samples(cfg, dit, dec, latents, data, args, g) -> CausalDec
 
 @torch.no_grad()
 def heldout_report(cfg, enc, dit, dec, args) -> dict[str, float]:
-    """PSNR and sharpness (``models.world.sharpness``) on held-out clips: the autoencoder's
+    """PSNR and sharpness (``models.world.training.sharpness``) on held-out clips: the autoencoder's
     reconstruction and (with a ``dit``) the decode of the sampler's teacher-forced x0, against the
     true frames. With ``args.png``, a sheet of the first held-out clip (rows: truth, recon, sampled)."""
     data = make_dataset(cfg, args.heldout, args.latents, args.device, args.seed + 1)
@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         "--start-frames-per-theme",
         type=int,
         default=16,
-        help="encoded maze frames per theme that sessions start from (start_frames.py); 0: none",
+        help="encoded maze frames per theme that sessions start from (models.world.start_frames); 0: none",
     )
     p.add_argument("--save-autoencoder", type=Path, help="also write stage 1's encoder + decoder here")
     p.add_argument("--autoencoder", type=Path, help="skip stage 1: load a --save-autoencoder file")
