@@ -364,7 +364,7 @@ class ReplicasConfig:
     object_store_bytes: PositiveInt | None = None  # the local Ray instance's object store (null: Ray's)
     checkpoint_max_bytes: PositiveInt = 4 * 1024 * 1024  # one session's resumable state
     checkpoint_ttl_s: PositiveFloat = 300.0  # a checkpoint not refreshed this long is dropped
-    checkpoint_max_sessions: PositiveInt = 100_000  # checkpoints the store holds at once
+    checkpoint_max_total_bytes: PositiveInt = 1 << 30  # all sessions' checkpoints in the store
 
     def validate(self, path: str) -> None:
         if not self.app_name or not all(c.isalnum() or c in "-_" for c in self.app_name):

@@ -40,13 +40,12 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
-from models.world.controls import CONTROL_SCHEMAS
+from models.world.controls import CONTROL_SCHEMAS, validate_control
 from models.world.kv_cache import KVGeometry
-from models.world.memory import fixed_bytes
+from models.world.memory import decoder_state_bytes, fixed_bytes
 from models.world.model import WorldModel, WorldTick
 from models.world.profiling import OFF, DeviceProfiler
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
-from models.world.vae import decoder_state_bytes
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
@@ -349,6 +348,7 @@ class _WorldHandler:
             ),
             default_fps=wc.fps,
             default_pacing=wc.default_pacing,
+            validate_control=validate_control,
         )
         self.start: proto.Start | None = None
         self.payload: WorldTickPayload | None = None

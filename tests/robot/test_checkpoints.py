@@ -208,6 +208,13 @@ def _truncate(folder: Path) -> None:
     path.write_bytes(path.read_bytes()[:-100])
 
 
+def _short_state_stats(folder: Path) -> None:
+    path = next((folder / "assets").rglob("norm_stats.json"))
+    data = json.loads(path.read_text())
+    data["norm_stats"]["state"] = {k: v[:3] for k, v in data["norm_stats"]["state"].items()}
+    path.write_text(json.dumps(data))
+
+
 def _drop_q01(folder: Path) -> None:
     path = next((folder / "assets").rglob("norm_stats.json"))
     data = json.loads(path.read_text())
@@ -226,6 +233,12 @@ CASES = [
     ),
     ("pi0_libero", "pi0.5", lambda f: None, "holds a pi0 model, not pi0.5"),
     ("pi05_droid", "pi0.5", _drop_q01, "norm_stats.json: norm_stats.actions.q01 is missing"),
+    (
+        "pi0_libero",
+        "pi0",
+        _short_state_stats,
+        "norm_stats.json: the state statistics have 3 values, the libero robot sends 8",
+    ),
     (
         "pi0_libero",
         "pi0",
