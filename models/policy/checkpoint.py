@@ -28,7 +28,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -569,11 +569,6 @@ def write_openpi(
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, folder / TOKENIZER_FILE)
     return folder
-
-
-def with_runtime(checkpoint: Checkpoint, dtype: str, seed: int) -> Any:
-    """The checkpoint's model config with the serving dtype and noise seed."""
-    return replace(checkpoint.model, dtype=dtype, seed=seed)
 
 
 _TOKENIZER_CORPUS = (
