@@ -132,7 +132,12 @@ def inspect_files(
         "text_encoder": lambda p: _tokenizer_present(*resolve_text_encoder(p)),
         "prompt_embeddings": lambda p: PrecomputedEmbeddings.load(p, dim=cfg.text_dim, text_len=cfg.text_len),
     }
-    given = {"checkpoint": checkpoint, "vae": vae, "text_encoder": text_encoder, "prompt_embeddings": prompt_embeddings}
+    given = {
+        "checkpoint": checkpoint,
+        "vae": vae,
+        "text_encoder": text_encoder,
+        "prompt_embeddings": prompt_embeddings,
+    }
     for field, path in given.items():
         if not path:
             continue
