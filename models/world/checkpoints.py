@@ -15,9 +15,9 @@ code. Key mapping: our parameter names are Wan's (``models/world/dit.py``), so a
 the wrapper's ``model.`` and training-wrapper segments (``_fsdp_wrapped_module.``,
 ``_checkpoint_wrapped_module.``, ``_orig_mod.``). Every DiT tensor must be present with its shape and
 nothing else may be (a checkpoint of another architecture fails on the first odd key), each problem
-a :class:`~models.world.configs.CheckpointError` of one line naming the file. :func:`inspect_checkpoint`
-runs those checks on the tensors' headers alone (memory-mapped: no weights read, no GPU memory), so the
-config load can refuse a bad file before anything is allocated.
+a :class:`~models.world.configs.CheckpointError` of one line naming the file. :func:`inspect_files`
+runs those checks (and the VAE's and text encoder's) on headers alone (memory-mapped: no weights
+read, no GPU memory), so the config load refuses a bad file before anything is allocated.
 """
 
 from __future__ import annotations
@@ -115,6 +115,41 @@ def dit_state_dict(path: Path, cfg: WorldModelConfig) -> dict[str, Tensor]:
     return {name: tensors[name] for name in expected}
 
 
-def inspect_checkpoint(path: Path, cfg: WorldModelConfig) -> None:
-    """:func:`dit_state_dict`'s checks without keeping the tensors (memory-mapped, headers only)."""
-    dit_state_dict(path, cfg)
+def inspect_files(
+    cfg: WorldModelConfig, checkpoint: str, vae: str, text_encoder: str = "", prompt_embeddings: str = ""
+) -> None:
+    """Check every file a checkpoint model loads, from headers and memory-mapped tensors only (no
+    weights read, no device memory): the DiT checkpoint against ``cfg`` (:func:`dit_state_dict`),
+    Wan's VAE decoder tensors, the text encoder's layout and tokenizer, or the embeddings file's
+    prompts. Raises the first :class:`CheckpointError`, its ``field`` set to the config field
+    (``checkpoint``, ``vae``, ``text_encoder``, ``prompt_embeddings``)."""
+    from models.world.text_encoder import PrecomputedEmbeddings, resolve_text_encoder
+    from models.world.wan_vae import load_wan_vae_decoder
+
+    checks = {
+        "checkpoint": lambda p: dit_state_dict(p, cfg),
+        "vae": lambda p: load_wan_vae_decoder(p, cfg.latent_height, cfg.latent_width, device="meta"),
+        "text_encoder": lambda p: _tokenizer_present(*resolve_text_encoder(p)),
+        "prompt_embeddings": lambda p: PrecomputedEmbeddings.load(p, dim=cfg.text_dim, text_len=cfg.text_len),
+    }
+    given = {
+        "checkpoint": checkpoint,
+        "vae": vae,
+        "text_encoder": text_encoder,
+        "prompt_embeddings": prompt_embeddings,
+    }
+    for field, path in given.items():
+        if not path:
+            continue
+        try:
+            checks[field](Path(path))
+        except CheckpointError as exc:
+            exc.field = field  # type: ignore[attr-defined]
+            raise
+
+
+def _tokenizer_present(weights: Path, tokenizer: Path) -> None:
+    if not weights.exists():
+        raise CheckpointError(weights, "no such file or folder")
+    if not tokenizer.is_dir():
+        raise CheckpointError(tokenizer, "no tokenizer folder (umT5's: tokenizer.json or spiece.model)")

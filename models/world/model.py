@@ -217,7 +217,8 @@ class WorldModel:
                 t.session_id,
                 t.block,
                 s.seed,
-                t.action.reshape(1, -1).expand(cfg.frames_per_block, -1),
+                # a model without actions (text-to-video: Self-Forcing, CausVid) takes none of them
+                t.action.reshape(1, -1)[:, : cfg.action_dim].expand(cfg.frames_per_block, -1),
                 self.starts.choose(tokenize(t.prompt, cfg), s.seed) if self.starts and t.block == 0 else None,
             )
             for t, s in zip(ticks, states, strict=True)
