@@ -103,10 +103,10 @@ class VoiceService(KindServiceBase):
         c = self.config
         if c.torch_threads:
             torch.set_num_threads(c.torch_threads)
-        steps = (
+        steps = (  # the LLM first: its weights' package is the one a bare install lacks (WeightsMissing)
+            ("llm", lambda: load_chat(c)),  # voice.llm_backend: transformers | vllm
             ("vad", SileroVad),
             ("asr", WhisperAsr),
-            ("llm", lambda: load_chat(c)),  # voice.llm_backend: transformers | vllm
             ("tts", HibariTts),
         )
         for i, (name, build) in enumerate(steps):
