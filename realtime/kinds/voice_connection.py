@@ -1,22 +1,17 @@
 """One ``/v1/realtime`` voice connection: the voice kind's command handler on the shared skeleton.
 
-- **Input.** The connection's reader is the session's ordered input stream: each
-  ``input_audio_buffer.append`` is decoded and run through the batched VAD engine in
-  :meth:`VoiceHandler.decode` (``Session.submit``), so the runner receives the 16 kHz frames and
-  their speech probabilities as one command, in order with every other command: a commit or
-  clear always finds the audio appended before it, and a slow VAD holds the reader (bounded).
-  ``server_vad`` / ``semantic_vad`` turn detection (a pure state machine) decides
-  ``speech_started`` / ``speech_stopped``; a stop commits the utterance (with ``turn_detection:
-  null`` the client commits). A committed utterance goes to the batched ASR engine (a child task,
-  ``Session.submit``) for the user item's transcript; a candidate end of speech starts it early.
-- **Responses.** A response is one streaming tick (``Session.stream_tick``, requested here in the
-  runner) through the LLM -> TTS pipeline; a child task sends each chunk's events
-  (``ResponseOutput``) fenced by the tick's epoch; the runner sends the opening and closing
-  events and exactly one ``response.done``. A response waits for the transcripts it needs.
-- **Cancel / barge-in** (``response.cancel``, ``output_audio_buffer.clear``, speech during a
-  response with ``interrupt_response``): one call, ``Session.interrupt`` (the LLM request is
-  aborted, its KV keeps what was computed; no queued delta of it is sent) -> ``response.done``
-  with status ``cancelled`` after the closing events.
+- **Input.** The reader is the session's ordered, bounded input stream: each append is decoded and
+  run through the batched VAD in :meth:`VoiceHandler.decode` (``Session.submit``), so its frames
+  reach the runner as one command in order with every other: a commit or clear always finds the
+  audio appended before it. Turn detection (a pure state machine) decides speech start and stop;
+  a stop (or the client's commit) makes a user item, transcribed by the batched ASR in a child
+  task (started early at a candidate end of speech).
+- **Responses.** One streaming tick each (``Session.stream_tick``, requested in the runner)
+  through the LLM -> TTS pipeline; a child task sends each chunk's events (``ResponseOutput``)
+  fenced by the tick's epoch; the runner sends the opening and closing events and exactly one
+  ``response.done``. A response waits for the transcripts it needs.
+- **Cancel / barge-in**: one call, ``Session.interrupt`` (the LLM request is aborted, its KV
+  keeps what was computed; no queued delta of it is sent), then ``response.done`` ``cancelled``.
 
 Every attribute is the runner's alone, but for the reader's codec and its VAD submit.
 """
