@@ -24,12 +24,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import soxr
 
+from models.voice.stages import VadFrames, VadInput
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.voice_llm import chat_prompt
 from realtime.protocols.oai_realtime import (
@@ -61,14 +62,6 @@ log = logging.getLogger("realtime.kinds.voice")
 LARGE_FRAME_CHARS = 1 << 20  # frames above this are parsed on a worker thread (base64 of big appends)
 VAD_RATE = 16_000
 FRAME_MS = 32
-
-
-@dataclass(frozen=True)
-class _Heard:
-    """An append, through the VAD (in the reader): its 16 kHz frames and their speech probabilities."""
-
-    frames: np.ndarray = field(repr=False)
-    probabilities: np.ndarray = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -148,15 +141,13 @@ class VoiceHandler:
             command = self.codec.receive_text(message)
         if not isinstance(command, ce.AudioAppend):
             return command
-        from models.voice.stages import VadInput
-
         fmt, session, vad = self.codec.config.input_format, self.session, self.service.vad_engine
         assert session is not None and vad is not None
         try:
             out = await session.submit(vad, VadInput(decode_audio(command.audio, fmt), fmt.sample_rate))
         except SessionError as exc:  # a full VAD queue, a closing session: this append is refused
             return Rejected(exc.code, exc.message, None, command.event_id, errors.SERVER_ERROR)
-        return _Heard(out.frames, out.probabilities)
+        return out  # VadFrames: the append's 16 kHz frames and their speech probabilities
 
     async def session_ended(self, conn: Connection, reason: str) -> Close:
         if reason == "lifetime":
@@ -182,7 +173,7 @@ class VoiceHandler:
         match item:
             case Rejected():
                 await self._error(conn, item)
-            case _Heard():
+            case VadFrames():  # an append, through the VAD in the reader
                 await self._heard(conn, item)
             case ce.SessionUpdate():
                 previous, self.config = self.config, item.config
@@ -225,7 +216,7 @@ class VoiceHandler:
                 raise TypeError(f"unexpected mailbox item {type(item).__name__}")
 
     # -- the user's turns -----------------------------------------------------------------
-    async def _heard(self, conn: Connection, item: _Heard) -> None:
+    async def _heard(self, conn: Connection, item: VadFrames) -> None:
         """An append's frames: buffered, and through turn detection when the session has it."""
         self.buffer.extend(item.frames)
         if self.turn is None:
