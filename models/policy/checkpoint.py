@@ -28,7 +28,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ class Checkpoint:
     action_dim: int  # the robot's output dims
     cameras: tuple[str, ...] = ()  # LeRobot: the checkpoint's camera keys, in model slot order
     default_prompt: str = ""
+    state_dim: int = 0  # LeRobot: observation.state's length
 
 
 def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
@@ -175,8 +176,9 @@ def model_config(shapes: Mapping[str, tuple[int, ...]], pi05: bool, file: Path, 
     )
     if side * side != positions:
         raise CheckpointError(file, f"SigLIP has {positions} position embeddings, not a square grid")
-    expected = expected_shapes(config)
-    for name, shape in expected.items():
+    shapes = dict(shapes)  # tied weights are saved once: the embedding may be under lm_head's name
+    shapes.setdefault(L + "embed_tokens.weight", embedding)
+    for name, shape in expected_shapes(config).items():
         if name not in shapes:
             raise CheckpointError(
                 file,
@@ -234,6 +236,13 @@ def _stats_arrays(entry: Any, mode: str, file: Path, key: str) -> None:
         lengths.add(array.size)
     if len(lengths) > 1:
         raise CheckpointError(file, f"{key}: {' and '.join(needed)} differ in length")
+
+
+def _check_state_stats(stats: Stats, dims: int, file: Path, who: str) -> None:
+    """The state statistics must cover every value the robot sends."""
+    held = next((a.shape[0] for a in (stats.mean, stats.q01) if a is not None), None)
+    if held is not None and held < dims:
+        raise CheckpointError(file, f"the state statistics have {held} values, {who} {dims}")
 
 
 def find_norm_stats(folder: Path, asset_id: str) -> Path:
@@ -349,6 +358,7 @@ def inspect(
     asset_dir = str(stats_path.parent.relative_to(folder / "assets"))
     recipe = recipe_for(pi05, preset, openpi_config, asset_dir)
     state_stats, action_stats = openpi_norm_stats(stats_path, "quantile" if pi05 else "zscore")
+    _check_state_stats(state_stats, STATE_DIMS[recipe.preset], stats_path, f"the {recipe.preset} robot sends")
     processing = Processing(
         state_stats=state_stats,
         action_stats=action_stats,
@@ -421,6 +431,15 @@ def _inspect_lerobot(
             f"normalization_mapping {modes!r}: STATE and ACTION must be MEAN_STD, QUANTILES or IDENTITY",
         )
     state_stats, action_stats = _lerobot_stats(folder, state_mode, action_mode)
+    try:
+        state_dim = int(features["observation.state"]["shape"][0])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise CheckpointError(config_file, "input_features must give observation.state a shape") from None
+    if not 1 <= state_dim <= model.state_dim:
+        raise CheckpointError(
+            config_file, f"observation.state has {state_dim} values, the model takes 1..{model.state_dim}"
+        )
+    _check_state_stats(state_stats, state_dim, folder / "policy_preprocessor.json", "observation.state has")
     processing = Processing(
         state_stats=state_stats,
         action_stats=action_stats,
@@ -430,7 +449,9 @@ def _inspect_lerobot(
         discrete_state=pi05,
         model_state_dim=model.state_dim,
     )
-    return Checkpoint(folder, "lerobot", shapes, model, processing, "lerobot", action_dim, cameras)
+    return Checkpoint(
+        folder, "lerobot", shapes, model, processing, "lerobot", action_dim, cameras, state_dim=state_dim
+    )
 
 
 def _lerobot_stats(folder: Path, state_mode: str, action_mode: str) -> tuple[Stats, Stats]:
@@ -548,11 +569,6 @@ def write_openpi(
     if tokenizer_file is not None:
         shutil.copyfile(tokenizer_file, folder / TOKENIZER_FILE)
     return folder
-
-
-def with_runtime(checkpoint: Checkpoint, dtype: str, seed: int) -> Any:
-    """The checkpoint's model config with the serving dtype and noise seed."""
-    return replace(checkpoint.model, dtype=dtype, seed=seed)
 
 
 _TOKENIZER_CORPUS = (

@@ -21,7 +21,7 @@ layer reads that layer's prefix K/V plus its own (joint attention, openpi's "cau
     pi0.5: 50 action tokens ``action_in_proj(x_t)``; the flow time conditions every expert norm
            (adaRMS: ``x * (1 + scale) + shift`` and a gate on each residual branch, from
            ``silu(time_mlp_out(silu(time_mlp_in(time))))``); the state arrives as text tokens
-           in the prompt (``models.policy.openpi``).
+           in the prompt (``models.policy.processing``).
     -> final (ada)RMSNorm -> ``action_out_proj`` -> velocity v = noise - action (float32).
 Flow matching: x_1 = noise, then 10 Euler steps ``x += dt * v(x, t)``, dt = -0.1, t from 1
 accumulated in float32 as openpi does. The time embedding is openpi's sine-cosine one (periods
@@ -131,10 +131,10 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, cond: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(normed x in x's dtype, gate or None)``; ``cond`` is ``[B, cond_width]``."""
-        var = x.float().square().mean(-1, keepdim=True)
-        normed = x * torch.rsqrt(var + self.eps)
-        if cond is None:
-            return (normed * (1.0 + self.weight.float())).to(x.dtype), None
+        width = (x.shape[-1],)
+        if cond is None:  # one fused kernel on CUDA
+            return F.rms_norm(x.float(), width, 1.0 + self.weight.float(), self.eps).to(x.dtype), None
+        normed = F.rms_norm(x.float(), width, None, self.eps)
         scale, shift, gate = self.modulation(cond)[:, None, :].chunk(3, dim=-1)
         return (normed * (1.0 + scale.float()) + shift.float()).to(x.dtype), gate.to(x.dtype)
 

@@ -21,7 +21,7 @@ Without a checkpoint (pi0-tiny, pi0-shaped) statistics are identity and the prom
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -321,7 +321,3 @@ def stats_from_openpi(entry: Mapping[str, Any], mode: Norm) -> Stats:
         k: np.asarray(entry[k], np.float64) for k in ("mean", "std", "q01", "q99") if entry.get(k) is not None
     }
     return Stats(mode, **arrays)
-
-
-def pad_bools(mask: Sequence[bool], dim: int) -> tuple[bool, ...]:
-    return tuple(mask[:dim]) + (False,) * max(0, dim - len(mask))

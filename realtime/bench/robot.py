@@ -29,7 +29,7 @@ calls ``openpi_client.WebsocketClientPolicy`` makes, plus a public ``close``).
 ``--device`` (``auto``, ``cpu`` or ``cuda``) is ``robot.device`` for both servers' pi0-tiny (the
 trivial policy of (a) always runs on the CPU). On a GPU machine, one run of the defaults takes
 about a minute: ``realtime bench robot --device cuda``. ``--policy pi0-shaped`` runs (a'), (b)
-and (c) with pi0 at its real shapes (``models.policy.pi0_tiny.PI0_SHAPED``, bf16, CUDA graphs in
+and (c) with pi0 at its real shapes (``realtime.kinds.robot`` builds ``models.policy.pi0.PI0``, bf16, CUDA graphs in
 both servers: the same policy objects); ``--clients 8,32`` measures (b) at each count and
 ``--parts`` picks the sections, e.g. the GPU-issue run
 ``realtime bench robot --device cuda --policy pi0-shaped --parts a',b --clients 8,32 --max-batch 32``.

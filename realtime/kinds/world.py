@@ -40,13 +40,14 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
-from models.world.controls import CONTROL_SCHEMAS
+from models.world.controls import CONTROL_SCHEMAS, validate_control
 from models.world.kv_cache import KVGeometry
-from models.world.memory import fixed_bytes
+from models.world.memory import decoder_state_bytes, fixed_bytes
 from models.world.model import WorldModel, WorldTick
 from models.world.profiling import OFF, DeviceProfiler
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
-from models.world.vae import decoder_state_bytes
+from models.world.text_encoder import PrecomputedEmbeddings, PromptEmbedder, UMT5TextEncoder
+from realtime.config import WorldConfig
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
@@ -85,6 +86,21 @@ def resolve_model(name: str, weights: str | None) -> tuple[WorldModelConfig, Pat
         raise ValueError(f"unknown world model {name!r} (known: {', '.join(CONFIGS)})")
     trained = WEIGHTS_DIR / f"{name}.safetensors"
     return (read_config(trained), trained) if trained.is_file() else (CONFIGS[name], None)
+
+
+def prompt_context(wc: WorldConfig, cfg: WorldModelConfig, dtype: torch.dtype) -> PromptEmbedder:
+    """A checkpoint model's prompt embeddings (``models.world.text_encoder``): Wan's umT5 encoder
+    on ``world.device``, or the embeddings file of ``world.prompt_embeddings``; encoded once per
+    prompt while it stays in use (the embedder's LRU)."""
+    if wc.text_encoder:
+        source = UMT5TextEncoder.load(
+            Path(wc.text_encoder), device=wc.device, dtype=dtype, text_len=cfg.text_len
+        )
+    else:
+        source = PrecomputedEmbeddings.load(
+            Path(wc.prompt_embeddings), dim=cfg.text_dim, device=wc.device, dtype=dtype, text_len=cfg.text_len
+        )
+    return PromptEmbedder(source, cfg.text_len)
 
 
 class WorldService(KindServiceBase):
@@ -151,6 +167,8 @@ class WorldService(KindServiceBase):
             torch.set_num_threads(wc.torch_threads)
         progress("plan capacity", 0, 3)
         cfg, weights = resolve_model(wc.model, wc.weights)
+        # a checkpoint model's umT5 source first: what it holds on the device is not free for the plan
+        prompts = prompt_context(wc, cfg, _DTYPES[wc.dtype]) if wc.checkpoint else None
         self.plan = capacity_plan(
             self.ctx.config.runtime,
             world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch, wc.graphs),
@@ -165,6 +183,9 @@ class WorldService(KindServiceBase):
             dtype=_DTYPES[wc.dtype],
             attention=wc.attention,
             profiler=DeviceProfiler(wc.device.startswith("cuda")) if wc.stage_timing else OFF,
+            checkpoint=Path(wc.checkpoint) if wc.checkpoint else None,
+            vae=Path(wc.vae) if wc.vae else None,
+            prompts=prompts,
         )
         if wc.compiles:
             self.model.dit.compile_blocks()
@@ -349,6 +370,7 @@ class _WorldHandler:
             ),
             default_fps=wc.fps,
             default_pacing=wc.default_pacing,
+            validate_control=validate_control,
         )
         self.start: proto.Start | None = None
         self.payload: WorldTickPayload | None = None

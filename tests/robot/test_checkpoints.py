@@ -208,6 +208,13 @@ def _truncate(folder: Path) -> None:
     path.write_bytes(path.read_bytes()[:-100])
 
 
+def _short_state_stats(folder: Path) -> None:
+    path = next((folder / "assets").rglob("norm_stats.json"))
+    data = json.loads(path.read_text())
+    data["norm_stats"]["state"] = {k: v[:3] for k, v in data["norm_stats"]["state"].items()}
+    path.write_text(json.dumps(data))
+
+
 def _drop_q01(folder: Path) -> None:
     path = next((folder / "assets").rglob("norm_stats.json"))
     data = json.loads(path.read_text())
@@ -226,6 +233,12 @@ CASES = [
     ),
     ("pi0_libero", "pi0.5", lambda f: None, "holds a pi0 model, not pi0.5"),
     ("pi05_droid", "pi0.5", _drop_q01, "norm_stats.json: norm_stats.actions.q01 is missing"),
+    (
+        "pi0_libero",
+        "pi0",
+        _short_state_stats,
+        "norm_stats.json: the state statistics have 3 values, the libero robot sends 8",
+    ),
     (
         "pi0_libero",
         "pi0",
@@ -306,3 +319,16 @@ def test_inspect_guesses_the_robot_from_the_asset_folder_and_obeys_a_named_confi
     )
     with pytest.raises(ValueError, match="serves aloha"):
         inspect(folders["pi0_aloha"], pi05=False, preset="libero", openpi_config="pi0_aloha")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("name", "policy"), [("pi0_libero", "pi0"), ("pi05_libero", "pi0.5")])
+def test_checkpoints_on_cuda_in_bf16_with_graphs_match_the_cpu(folders, name, policy):
+    cpu = serve(folders[name], policy)
+    gpu = serve(folders[name], policy, device="cuda")  # dtype auto: bf16; CUDA graphs
+    gpu.warmup(4)
+    assert gpu.graphs is not None and gpu.model.dtype == torch.bfloat16
+    observations = [libero(i) for i in range(3)]  # padded to the bucket of 4
+    for want, got in zip(run(cpu, *observations), run(gpu, *observations), strict=True):
+        assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()  # bf16 rounding
