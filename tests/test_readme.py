@@ -110,6 +110,9 @@ def test_quickstart_runs_verbatim(run_quickstart, kind):
     done = run_quickstart(kind)
     assert done.returncode == 0, f"{kind} quickstart failed:\n{done.stdout}\n{done.stderr}"
     assert done.stdout.strip(), f"{kind} quickstart printed nothing"
+    if kind == "robot":  # the actions' shape is the one the README's comment shows
+        shown = re.search(r"\.shape\)\s+#\s+(\(\d+, \d+\))", SNIPPETS[kind])
+        assert shown and done.stdout.strip().splitlines()[-1] == shown.group(1), done.stdout
     if kind == "world":  # it ends by itself after its chunks
         lines = done.stdout.strip().splitlines()
         assert len(lines) >= 2 and all(len(line.split()) == 2 for line in lines), done.stdout
