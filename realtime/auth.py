@@ -12,10 +12,15 @@ websocket handshake, so no route or session kind has to remember it):
   (SHA-256 digests through ``hmac.compare_digest``, no early exit), so timing reveals neither
   which key nor how much of one matched.
 - A websocket handshake that carries an ``Origin`` header (browsers always send one) must come
-  from the same origin as the request (``Origin``'s host:port equals ``Host``) or from an entry of
-  ``server.allowed_origins`` (exact ``scheme://host[:port]``, or ``*`` for any); otherwise HTTP
-  403. Clients that send no ``Origin`` (robots, SDKs, scripts) pass. Plain HTTP requests are not
-  origin-checked: without CORS headers a browser page of another origin cannot read the answers.
+  from one of the server's public origins, compared as scheme, host and port (default ports
+  filled in: ``https://app.example`` is ``https://app.example:443``): the entries of
+  ``server.allowed_origins`` (``*`` for any), or, when that is empty, the loopback names
+  (``localhost``, ``127.0.0.1``, ``[::1]``) on the port the connection was accepted on, with the
+  connection's own scheme (``https`` under TLS). Never the request's own ``Host`` header: a page
+  of ``http://evil.example:8765`` that rebinds that name to this server sends a matching
+  ``Host``. Otherwise HTTP 403. Clients that send no ``Origin`` (robots, SDKs, scripts) pass.
+  Plain HTTP requests are not origin-checked: without CORS headers a browser page of another
+  origin cannot read the answers.
 
 Refusals happen before the websocket is accepted: the guard answers with the HTTP status.
 """
@@ -33,6 +38,8 @@ from starlette.types import Scope
 from realtime.config import ServerConfig
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")  # the default public origins' hosts
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 API_KEY_PARAM = "api_key"
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."  # how OpenAI's browser clients send a key
 _SCHEMES = ("api-key", "bearer")
@@ -74,16 +81,51 @@ def key_matches(presented: str, keys: Iterable[str]) -> bool:
     return found
 
 
-def origin_allowed(origin: str, host: str, allowed: Iterable[str]) -> bool:
-    """Same origin (``origin``'s host:port equals the ``Host`` header) or listed in ``allowed``."""
-    allowed = tuple(allowed)
-    if "*" in allowed or origin.rstrip("/").lower() in (a.rstrip("/").lower() for a in allowed):
-        return True
+@dataclass(frozen=True)
+class Origin:
+    """A web origin as browsers compare them: scheme, host (lower case) and port."""
+
+    scheme: str
+    host: str
+    port: int
+
+
+def parse_origin(text: str) -> Origin | None:
+    """``http[s]://host[:port]`` (a trailing ``/`` allowed) as an :class:`Origin`, else ``None``
+    (``null``, other schemes, paths, queries, user info, bad ports)."""
     try:
-        netloc = urlsplit(origin).netloc.lower()
+        parts = urlsplit(text.strip())
+        port = parts.port
     except ValueError:
-        return False
-    return bool(netloc) and netloc == host.strip().lower()
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname or parts.username is not None:
+        return None
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return None
+    return Origin(scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[scheme])
+
+
+def public_origins(scope: Scope, configured: Iterable[str]) -> frozenset[Origin] | None:
+    """The origins a browser page may open websockets from; ``None`` means any (``*``)."""
+    configured = tuple(configured)
+    if "*" in configured:
+        return None
+    if configured:
+        return frozenset(o for o in map(parse_origin, configured) if o is not None)
+    scheme = "https" if scope.get("scheme") in ("https", "wss") else "http"
+    port = (scope.get("server") or (None, None))[1]
+    if port is None:  # not on a TCP socket: no loopback origin to name
+        return frozenset()
+    return frozenset(Origin(scheme, host, port) for host in LOOPBACK_HOSTS)
+
+
+def origin_allowed(origin: str, allowed: frozenset[Origin] | None) -> bool:
+    """``origin`` (an ``Origin`` header) is one of ``allowed`` (``None``: any origin)."""
+    if allowed is None:
+        return True
+    parsed = parse_origin(origin)
+    return parsed is not None and parsed in allowed
 
 
 def check_request(scope: Scope, server: ServerConfig) -> Refusal | None:
@@ -94,6 +136,6 @@ def check_request(scope: Scope, server: ServerConfig) -> Refusal | None:
         if key is None or not key_matches(key, server.api_keys):
             return Refusal(401, "unauthorized: a valid API key is required")
     if scope["type"] == "websocket" and "origin" in headers:
-        if not origin_allowed(headers["origin"], headers.get("host", ""), server.allowed_origins):
+        if not origin_allowed(headers["origin"], public_origins(scope, server.allowed_origins)):
             return Refusal(403, "forbidden: origin not allowed")
     return None

@@ -71,6 +71,17 @@ Fraction = Annotated[float, _in_range(0, 1, low_open=True)]
 JpegQuality = Annotated[int, _in_range(1, 100)]
 
 
+def _origin(value: str) -> str | None:
+    from realtime.auth import parse_origin  # late: auth imports this module
+
+    if value == "*" or parse_origin(value) is not None:
+        return None
+    return "must be '*' or an origin 'http[s]://host[:port]' (no path)"
+
+
+OriginText = Annotated[str, _origin]
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -82,12 +93,18 @@ class ServerConfig:
     ws_ping_timeout_s: PositiveFloat = 20.0
     max_message_bytes: PositiveInt = 64 * 1024 * 1024
     api_keys: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
+    allowed_origins: tuple[OriginText, ...] = ()  # (): the loopback names on the bound port
+    ssl_certfile: str = ""  # "": plain HTTP; a PEM certificate chain serves HTTPS/WSS (uvicorn)
+    ssl_keyfile: str = ""  # its private key (PEM); both or neither
     max_connections: PositiveInt = 1000
     start_timeout_s: NonNegativeFloat = 10.0
     max_outbound_messages: PositiveInt = 64
     max_outbound_bytes: PositiveInt = 8 * 1024 * 1024
     max_send_wait_s: PositiveFloat = 30.0
+
+    def validate(self, path: str) -> None:
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise _FieldError(f"{path}.ssl_keyfile", "ssl_certfile and ssl_keyfile go together")
 
 
 @dataclass(frozen=True)
@@ -211,12 +228,54 @@ class WorldConfig:
     # devices, falling back to eager passes with a warning if a capture fails; true: a failed
     # capture fails the load
     cuda_graphs: bool | Literal["auto"] = "auto"
+    # where a chunk's time goes, stage by stage (world_stage_seconds; models/world/profiling.py)
+    stage_timing: bool = True
+    # model self-forcing / causvid (docs/models.md, "World"): the DiT checkpoint, Wan 2.1's VAE, and
+    # the prompts' umT5 embeddings: Wan's text encoder, or a file of precomputed ones
+    checkpoint: str = ""
+    vae: str = ""
+    text_encoder: str = ""
+    prompt_embeddings: str = ""
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:
             raise _FieldError(f"{path}.fps", f"must be in min_fps..max_fps ({self.min_fps}..{self.max_fps})")
         if self.cuda_graphs is True and not self.device.startswith("cuda"):
             raise _FieldError(f"{path}.cuda_graphs", f"needs a CUDA device (device is {self.device!r})")
+        self._validate_checkpoint_files(path)
+
+    def _validate_checkpoint_files(self, path: str) -> None:
+        """A checkpoint model's files are read and checked here (headers only, memory-mapped: no
+        weights, no GPU memory), so a missing or malformed file fails the config load (exit 2)."""
+        from models.world.configs import CHECKPOINT_MODELS
+
+        files = {n: getattr(self, n) for n in ("checkpoint", "vae", "text_encoder", "prompt_embeddings")}
+        cfg = CHECKPOINT_MODELS.get(self.model)
+        if cfg is None:
+            for name, value in files.items():
+                if value:
+                    raise _FieldError(
+                        f"{path}.{name}",
+                        f"applies to world.model {' or '.join(CHECKPOINT_MODELS)} (model is {self.model!r})",
+                    )
+            return
+        if self.weights:
+            raise _FieldError(f"{path}.weights", f"model {self.model!r} loads world.checkpoint, not weights")
+        needed = ("checkpoint", "vae") if cfg.vae == "wan2.1" else ("checkpoint",)
+        for name in needed:
+            if not files[name]:
+                raise _FieldError(f"{path}.{name}", f"model {self.model!r} needs a path (docs/models.md)")
+        if bool(self.text_encoder) == bool(self.prompt_embeddings):
+            raise _FieldError(
+                f"{path}.text_encoder", f"model {self.model!r} needs one of text_encoder or prompt_embeddings"
+            )
+        if self.enabled:
+            from models.world.checkpoints import inspect_files
+
+            try:
+                inspect_files(cfg, **files)
+            except ValueError as exc:  # CheckpointError: one line naming the file; .field names ours
+                raise _FieldError(f"{path}.{getattr(exc, 'field', 'checkpoint')}", str(exc)) from None
 
     @property
     def compiles(self) -> bool:
@@ -325,6 +384,36 @@ class DuplexConfig:
 
 
 @dataclass(frozen=True)
+class ReplicasConfig:
+    """Ray Serve replicas (``realtime serve --replicas N``, ``deploy/ray/``; docs/scaling.md).
+
+    The single-process server ignores this section. Every replica runs every enabled kind with the
+    limits of the other sections, so session limits (``runtime.max_sessions``, each kind's
+    ``max_sessions``, the memory plan) apply per replica, and ``server.max_connections`` becomes
+    each replica's ``max_ongoing_requests`` (open websockets plus HTTP requests in flight)."""
+
+    num_cpus: PositiveFloat = 1.0  # Ray CPUs each replica reserves
+    num_gpus: NonNegativeFloat = 0.0  # GPUs each replica reserves; a fraction shares one GPU
+    memory_bytes: PositiveInt | None = None  # Ray's memory resource each replica reserves
+    stats_period_s: PositiveFloat = 1.0  # how often Serve collects each replica's routing stats
+    max_queued_requests: PositiveInt = 100  # per proxy: requests waiting for a replica, then 503
+    health_check_period_s: PositiveFloat = 10.0
+    health_check_timeout_s: PositiveFloat = 30.0
+    peer_timeout_s: PositiveFloat = 2.0  # cluster views: a replica silent this long is "unreachable"
+    app_name: str = "realtime"  # the Serve application's name
+    object_store_bytes: PositiveInt | None = None  # the local Ray instance's object store (null: Ray's)
+    checkpoint_max_bytes: PositiveInt = 4 * 1024 * 1024  # one session's resumable state
+    checkpoint_ttl_s: PositiveFloat = 300.0  # a checkpoint not refreshed this long is dropped
+    checkpoint_max_total_bytes: PositiveInt = 1 << 30  # all sessions' checkpoints in the store
+
+    def validate(self, path: str) -> None:
+        if not self.app_name or not all(c.isalnum() or c in "-_" for c in self.app_name):
+            raise _FieldError(
+                f"{path}.app_name", f"must be letters, digits, '-' or '_', got {self.app_name!r}"
+            )
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -333,6 +422,7 @@ class DeployConfig:
     echo: EchoConfig = field(default_factory=EchoConfig)
     voice: VoiceConfig = field(default_factory=VoiceConfig)
     duplex: DuplexConfig = field(default_factory=DuplexConfig)
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
 
     def enabled_kinds(self) -> list[str]:
         """Names of the session kinds this deployment serves, in a stable order."""

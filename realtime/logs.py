@@ -7,8 +7,13 @@ are rendered as further keys. Tracebacks go to logs, never to the wire.
 Secrets never reach a log line, at any level: both formatters pass the message, every extra
 field and the traceback text through :func:`redact`, which hides ``Authorization`` header values
 (``Api-Key``/``Bearer`` credentials, also as uvicorn's and websockets' debug lines print request
-headers), ``api_key=`` query parameters (uvicorn logs request paths with their query) and
+headers), the value of every query parameter whose *decoded* name is ``api_key`` (uvicorn logs
+request paths with their raw query, and the server accepts ``?api%5Fkey=``) and
 ``openai-insecure-api-key.<key>`` subprotocols.
+
+:func:`log_limited` logs a routine line that a client can trigger at will (a protocol error that
+closes its own connection) at most once per :data:`INTERNAL_ERROR_WINDOW_S` per key, counting the
+ones suppressed meanwhile.
 
 :func:`log_internal_error` is the one way to log an unexpected server error of a session: one
 ERROR line with the traceback, at most :data:`INTERNAL_ERRORS_PER_WINDOW` per session per
@@ -25,6 +30,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from urllib.parse import unquote_plus
 
 from sessions.log_context import current_session_id
 
@@ -40,21 +46,47 @@ _SECRETS = (
     re.compile(r"""(?i)(authorization['"]?\s*(?::|,|=)\s*b?['"]?)[^'"\r\n]+"""),
     # a credential anywhere else (reprs, messages): "Bearer k", "Api-Key k"
     re.compile(r"(?i)\b((?:bearer|api-key)\s+)[^\s'\",)]+"),
-    # query strings: ?api_key=k&..., also percent-encoded separators
-    re.compile(r"(?i)((?:[?&;]|%3f|%26|\b)api_key(?:=|%3d))[^&\s'\"]*"),
     # OpenAI's browser convention: Sec-WebSocket-Protocol: openai-insecure-api-key.<key>
     re.compile(r"(?i)(openai-insecure-api-key\.)[^\s,'\"]+"),
 )
-_HINT = re.compile(r"(?i)authoriz|bearer|api.key")
+# a query parameter's "name=" (also with percent-encoded "?", "&", "="): its name is decoded before
+# it is compared, since the server decodes it too (``?api%5Fkey=k`` is ``api_key``); only the
+# name is consumed, so a parameter inside another's value (``path=/?api_key=k``) is seen too
+_QUERY_NAME = re.compile(r"(?:^|[?&;\s\"'(]|%3[fF]|%26)(?P<name>[A-Za-z0-9%._+~-]{1,96}?)(?:=|%3[dD])")
+_QUERY_VALUE = re.compile(r"[^&\s'\"]*")
+_KEY_PARAM = "api_key"
+_HINT = re.compile(r"(?i)authoriz|bearer|api.key|key|%")
+
+
+def _is_key_param(name: str) -> bool:
+    for _ in range(3):  # a name encoded more than once is redacted too: never a key in the clear
+        decoded = unquote_plus(name)
+        if decoded == name:
+            break
+        name = decoded
+    return name.lower() == _KEY_PARAM
+
+
+def _redact_query(text: str) -> str:
+    parts, done = [], 0
+    for match in _QUERY_NAME.finditer(text):
+        if match.end() < done or not _is_key_param(match.group("name")):
+            continue
+        value = _QUERY_VALUE.match(text, match.end())
+        parts += [text[done : match.end()], REDACTED]
+        done = value.end() if value is not None else match.end()
+    return "".join(parts) + text[done:] if parts else text
 
 
 def redact(text: str) -> str:
-    """``text`` with every API key credential replaced by ``[redacted]``."""
+    """``text`` with every API key credential replaced by ``[redacted]``: ``Authorization``
+    values, ``Api-Key``/``Bearer`` credentials, the key subprotocol, and the value of every query
+    parameter whose name decodes to ``api_key`` (any case, any percent-encoding)."""
     if not _HINT.search(text):
         return text  # fast path: the overwhelming majority of lines carry no credential
     for pattern in _SECRETS:
         text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
-    return text
+    return _redact_query(text)
 
 
 def _fields(record: logging.LogRecord) -> dict[str, object]:
@@ -124,7 +156,7 @@ class _Window:
 
 
 class InternalErrorLimiter:
-    """Per-session token window for internal-error tracebacks; bounded memory, thread-safe."""
+    """Per-key (a session id, a kind of client error) token window; bounded memory, thread-safe."""
 
     def __init__(
         self,
@@ -160,6 +192,18 @@ class InternalErrorLimiter:
 
 
 _limiter = InternalErrorLimiter()
+_notice_limiter = InternalErrorLimiter()
+
+
+def log_limited(logger: logging.Logger, level: int, key: str, msg: str, **fields: object) -> bool:
+    """Log ``msg`` with ``fields`` at most once per window for ``key``; returns whether it did."""
+    suppressed = _notice_limiter.admit(key)
+    if suppressed is None:
+        return False
+    if suppressed:
+        fields["suppressed"] = suppressed
+    logger.log(level, msg, extra=fields)
+    return True
 
 
 def log_internal_error(

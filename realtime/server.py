@@ -8,20 +8,28 @@ or unflushed when ``server.shutdown_timeout_s`` (the drain timeout) has passed a
 plain HTTP connections; then the kinds stop. The process exits 0 (uvicorn's default re-raises
 the signal) whatever clients do: a client that never reads cannot hold the drain.
 
-Connections: the app's guard answers 503 / 1013 beyond ``server.max_connections`` open TCP
-connections (HTTP and websocket, as uvicorn counts them) except for the probes. Beyond that plus
-:data:`PROBE_RESERVE` connections the HTTP protocol writes a bare 503 and closes at once, before
-reading anything, so a flood of idle TCP connections never reaches the process's fd limit (the
-configured limit is lowered, with a warning, to fit ``RLIMIT_NOFILE`` minus
-:data:`FD_HEADROOM`). A connection must finish its first request's headers within
-:data:`FIRST_REQUEST_TIMEOUT_S`, so idle sockets that never send a request do not hold slots.
+Connections: beyond ``server.max_connections`` open TCP connections (HTTP and websocket, as
+uvicorn counts them) the app's guard answers every request but the probes with HTTP 503 and
+``connection: close`` (websocket handshakes too, before any upgrade), so refused connections
+never stay open. At that limit plus :data:`PROBE_RESERVE`, a new connection first makes room by
+closing the oldest *idle* HTTP connection (no request in progress: one that never sent a
+request, or a keep-alive one between requests); only when every connection is busy does the
+HTTP protocol write a bare 503 and close at once, before reading anything. So no flood of idle
+or refused connections can keep the probes from being answered, and none reaches the process's
+fd limit (the configured limit is lowered, with a warning, to fit ``RLIMIT_NOFILE`` minus
+:data:`FD_HEADROOM`). A connection must also finish its first request's headers within
+:data:`FIRST_REQUEST_TIMEOUT_S`.
 
 Websocket messages: :class:`RealtimeWebSocketProtocol` sets each connection's largest inbound
-message from the request path (``AppState.websocket_limits``: the kind's protocol limit), so
+message from the handshake's route (``AppState.websocket_limit``: the kind's protocol limit,
+``/v1/realtime?mode=duplex`` the duplex one), in the parser itself, the moment the request is
+parsed and before the first frame header is read (:class:`RouteLimitedServerProtocol`), so
 ``websockets`` refuses an oversized frame from its header, before its payload is read or
 assembled, and closes with 1009. It also stops reading from a peer while its outbound buffer is
 over the high-water mark (a peer that does not read cannot make the server queue pongs without
-bound), and exposes abort to the drain (``realtime.connections.TransportControl``).
+bound), and exposes abort to the drain (``realtime.connections.TransportControl``). A text
+message that is not valid UTF-8 closes the connection with 1007 and one INFO line a minute for
+all such clients (``realtime.logs.log_limited``), never a traceback.
 """
 
 from __future__ import annotations
@@ -30,24 +38,29 @@ import asyncio
 import contextlib
 import logging
 import resource
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, ClassVar
 from urllib.parse import unquote
 
 import uvicorn
 from starlette.applications import Starlette
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request as WsRequest
+from websockets.protocol import Protocol
+from websockets.server import ServerProtocol
 
 from realtime.app import create_app
 from realtime.config import DeployConfig
 from realtime.connections import TRANSPORT_EXTENSION, TransportControl
+from realtime.logs import log_limited
 
 log = logging.getLogger("realtime.server")
 
 PROBE_RESERVE = 16  # connections kept above server.max_connections for /healthz and /readyz
 FD_HEADROOM = 256  # fds left for model files, worker pipes, logs when capping max_connections
+INVALID_DATA = 1007  # RFC 6455: a text message that is not UTF-8
 FIRST_REQUEST_TIMEOUT_S = 10.0  # a new connection must send its first request's headers by then
 MIN_HTTP_SHUTDOWN_S = 0.5  # uvicorn's own shutdown gets at least this after the websocket drain
 _SERVICE_UNAVAILABLE = (
@@ -57,7 +70,8 @@ _SERVICE_UNAVAILABLE = (
 
 
 class LimitedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a hard connection cap and a first-request deadline."""
+    """uvicorn's httptools protocol with a hard connection cap that evicts idle connections
+    first, and a first-request deadline (module docstring)."""
 
     hard_limit: ClassVar[int]
 
@@ -65,15 +79,34 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._refused = False
         self._first_request_timer: asyncio.TimerHandle | None = None
+        self.opened_at = 0.0
+
+    def idle(self) -> bool:
+        """No request in progress or queued (uvicorn's own shutdown test), and still open."""
+        return (
+            not self._refused
+            and (self.cycle is None or self.cycle.response_complete)
+            and not self.pipeline
+            and not self.transport.is_closing()
+        )
+
+    def _make_room(self) -> bool:
+        """Close the oldest idle HTTP connection; False if every connection is busy."""
+        idle = [c for c in self.connections if isinstance(c, LimitedHttpProtocol) and c.idle()]
+        if not idle:
+            return False
+        min(idle, key=lambda c: c.opened_at).transport.close()
+        return True
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.hard_limit:
+        if len(self.connections) >= self.hard_limit and not self._make_room():
             self._refused = True
             self.transport = transport
             transport.write(_SERVICE_UNAVAILABLE)
             transport.close()
             return
         super().connection_made(transport)
+        self.opened_at = self.loop.time()
         self._first_request_timer = self.loop.call_later(FIRST_REQUEST_TIMEOUT_S, self._first_request_late)
 
     def _first_request_late(self) -> None:
@@ -100,15 +133,98 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             super().connection_lost(exc)
 
 
+MessageLimit = Callable[[str, bytes], int]  # (percent-decoded path, query string) -> bytes
+
+
+class _LimitFromRequest(Protocol):
+    """Sits between ``ServerProtocol`` and ``Protocol`` in :class:`RouteLimitedServerProtocol`'s
+    MRO. ``ServerProtocol.parse`` parses the handshake request, queues it as an event, then hands
+    frame parsing to ``super().parse()``: this method, which sets ``max_message_size`` from the
+    request before the first frame header is read, whoever handles the event and whenever."""
+
+    message_limit: MessageLimit
+
+    def parse(self) -> Generator[None]:
+        request = next(event for event in reversed(self.events) if isinstance(event, WsRequest))
+        path, _, query = request.path.partition("?")
+        self.max_message_size = self.message_limit(unquote(path), query.encode("ascii", "replace"))
+        yield from super().parse()
+
+
+class RouteLimitedServerProtocol(ServerProtocol, _LimitFromRequest):
+    """``websockets``' server protocol whose message limit is the handshake route's."""
+
+    def __init__(self, message_limit: MessageLimit, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not hasattr(self, "max_message_size"):  # websockets < 16 reads max_size: never silently
+            raise RuntimeError("per-route websocket message limits need websockets >= 16")
+        self.message_limit = message_limit
+
+
 class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets-sansio protocol with per-route message limits (module docstring)."""
 
-    route_limits: ClassVar[Mapping[str, int]]
-    default_limit: ClassVar[int]
+    message_limit: ClassVar[MessageLimit]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = RouteLimitedServerProtocol(  # the same arguments as uvicorn's, plus the limit
+            self.message_limit,
+            extensions=self.conn.available_extensions,
+            max_size=self.config.ws_max_size,
+            logger=self.conn.logger,
+        )
+
+    def handle_parser_exception(self) -> None:
+        if self.conn.close_sent is None:
+            # The parser failed before the handshake completed (a frame sent before the 101, which
+            # RFC 6455 forbids, over the route's limit): no close frame can be sent yet, so the
+            # connection just ends (uvicorn's own handler assumes a close frame was queued).
+            self.queue.put_nowait({"type": "websocket.disconnect", "code": 1006})
+            self.close_sent = True
+            self.transport.close()
+            return
+        super().handle_parser_exception()
+
+    def send_receive_event_to_app(self) -> None:
+        """uvicorn's, but a text message that is not UTF-8 is a protocol error of the client:
+        close 1007 and one rate-limited INFO line (uvicorn logs an ERROR with a traceback for each,
+        and a second bad frame in the same segment raised on a closing connection)."""
+        data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+        self.frames = []
+        if self.close_sent:  # past websocket.close (or a refused frame): reads only wait for EOF
+            return
+        if self.curr_msg_data_type == "text":
+            try:
+                message: Any = {"type": "websocket.receive", "text": data.decode()}
+            except UnicodeDecodeError as exc:
+                log_limited(
+                    log,
+                    logging.INFO,
+                    "invalid_utf8",
+                    "invalid UTF-8 in a text message: closed 1007",
+                    client=f"{self.client[0]}:{self.client[1]}" if self.client else "-",
+                    position=exc.start,
+                )
+                self.conn.fail(INVALID_DATA, "invalid UTF-8 in a text message")
+                self.handle_parser_exception()  # writes the close frame, ends the connection
+                return
+        else:
+            message = {"type": "websocket.receive", "bytes": data}
+        self.queue.put_nowait(message)
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "websocket.send" and self.close_sent and self.handshake_complete:
+            # The transport ended the connection itself (a refused frame: 1009, 1007, 1002) while
+            # the app was busy with an earlier message: its reply meets a closed connection, as
+            # if the client had gone (uvicorn raises a RuntimeError, which reads as a bug).
+            raise ClientDisconnected()
+        await super().send(message)
 
     def handle_connect(self, event: WsRequest) -> None:
-        path = unquote(event.path.partition("?")[0])
-        self.conn.max_message_size = self.route_limits.get(path, self.default_limit)
         super().handle_connect(event)
         scope = getattr(self, "scope", None)  # absent when the handshake itself was rejected
         if scope is not None:
@@ -175,7 +291,8 @@ class GracefulServer(uvicorn.Server):
                 for sock in server.sockets:
                     host, port = sock.getsockname()[:2]
                     state = self.rt_app.state.rt
-                    state.url = f"http://{host}:{port}"
+                    scheme = "https" if self.config.is_ssl else "http"
+                    state.url = f"{scheme}://{host}:{port}"
                     log.info("listening", extra={"url": state.url})
                     state.announce_ready()
 
@@ -203,7 +320,7 @@ def build_server(config: DeployConfig, host: str | None = None, port: int | None
     ws = type(
         "WebSocketProtocol",
         (RealtimeWebSocketProtocol,),
-        {"route_limits": dict(state.websocket_limits), "default_limit": server_cfg.max_message_bytes},
+        {"message_limit": staticmethod(state.websocket_limit)},
     )
     state.max_connections = max_connections
     uv_config = uvicorn.Config(
@@ -219,5 +336,7 @@ def build_server(config: DeployConfig, host: str | None = None, port: int | None
         ws_per_message_deflate=False,
         timeout_graceful_shutdown=server_cfg.shutdown_timeout_s,
         lifespan="on",
+        ssl_certfile=server_cfg.ssl_certfile or None,  # TLS: uvicorn's own SSL options
+        ssl_keyfile=server_cfg.ssl_keyfile or None,
     )
     return GracefulServer(uv_config, app)

@@ -43,7 +43,10 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
 
 Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``,
 ``pipeline_overlap_ratio``, ``continuous_play_ratio``, ``key_to_frame_ms_p50``,
-``key_to_frame_ms_p95``, ``key_to_frame_continuous_play_ratio``.
+``key_to_frame_ms_p95``, ``key_to_frame_continuous_play_ratio``; on a CPU device also the first
+three in this thread's CPU time (``tick_cpu_ratio_100_vs_5``, ``recompute_cpu_ratio_100``,
+``batched_vs_sliced_cpu_4``: DiT ticks one by one / batched), which other jobs on a shared box move
+far less than the wall-clock ratios, so two trees can be compared there.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ from prometheus_client import CollectorRegistry
 
 from models.world.configs import CONFIGS
 from models.world.kv_cache import KVGeometry
-from models.world.model import WorldModel, WorldTick, tokenize
+from models.world.model import WorldModel, WorldTick
 from models.world.sampler import BlockRequest, recompute_generate
 from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
 from realtime.bench import world_stages
@@ -105,16 +108,22 @@ def _sync(device: str) -> None:
 
 
 def tick_latency(args) -> dict[str, float]:
+    """Section 1 in wall time (medians over ``--reps``) and, beside it, in this thread's CPU time
+    (minimums): ``*_cpu_ms_*``, what a tick costs the tree, which other jobs on a shared CPU box
+    move far less than the wall time (that waits for a core). The CPU keys mean the device's work
+    only on a CPU device."""
     model = _build(args, 1)
     model.open("s", seed=0)
     times: dict[int, list[float]] = {}
+    cpu: dict[int, float] = {}
     history = []
     for b in range(args.blocks + args.reps):
         _sync(args.device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         x0 = model.generate([WorldTick("s", b, "stone", _act(b))])
         _sync(args.device)
         times.setdefault(b, []).append(time.perf_counter() - t0)
+        cpu[b] = (time.thread_time() - c0) * 1000
         history.append(x0)
 
     def at(block: int) -> float:
@@ -129,20 +138,54 @@ def tick_latency(args) -> dict[str, float]:
     frames = list(range(cfg.sink_frames)) + list(range(hist.shape[1] - cfg.window_frames, hist.shape[1]))
     ctx, pos = hist[:, frames], torch.tensor(frames)
     acts = torch.zeros(1, keep, cfg.action_dim, device=hist.device, dtype=hist.dtype)
-    cross = model.dit.cross_kv(tokenize("stone", cfg)[None].to(hist.device))
+    cross = model.dit.cross_kv(model.prompts(["stone"]).to(hist))
     req = [BlockRequest("s", args.blocks, 0, _act(0).expand(cfg.frames_per_block, -1))]
-    rec = []
+    rec, rec_cpu = [], []
     for _ in range(args.reps):
         _sync(args.device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         recompute_generate(model.dit, ctx, pos, acts, req, cross)  # no clean pass: nothing is cached
         _sync(args.device)
         rec.append(time.perf_counter() - t0)
+        rec_cpu.append((time.thread_time() - c0) * 1000)
+    late = args.blocks - args.reps
     return {
         "resident_ms_5": at(5),
-        "resident_ms_100": at(args.blocks - args.reps),
+        "resident_ms_100": at(late),
         "recompute_ms_100": statistics.median(rec) * 1000,
+        "resident_cpu_ms_5": min(cpu[b] for b in range(5, 5 + args.reps)),
+        "resident_cpu_ms_100": min(cpu[b] for b in range(late, late + args.reps)),
+        "recompute_cpu_ms_100": min(rec_cpu),
     }
+
+
+def batched_cpu_gain(args, sessions: int = 4) -> float:
+    """This thread's CPU time for ``sessions`` ticks one by one / for one batched tick of them (the
+    DiT with full windows, minimums over ``--reps``, interleaved): the work batching saves, which
+    the fps ratios of section 2 show only where a core is idle."""
+    model = _build(args, sessions)
+    ids = [f"s{i}" for i in range(sessions)]
+    for sid in ids:
+        model.open(sid, seed=0)
+    block = dict.fromkeys(ids, 0)
+
+    def tick(group: list[str]) -> None:
+        model.generate([WorldTick(sid, block[sid], "stone", _act(block[sid])) for sid in group])
+        for sid in group:
+            block[sid] += 1
+
+    def cpu_ms(run) -> float:
+        start = time.thread_time()
+        run()
+        return (time.thread_time() - start) * 1000
+
+    for _ in range(model.cfg.sink_frames + model.cfg.window_frames):  # fill every window
+        tick(ids)
+    batched, one_by_one = [], []
+    for _ in range(args.reps):
+        batched.append(cpu_ms(lambda: tick(ids)))
+        one_by_one.append(cpu_ms(lambda: [tick([sid]) for sid in ids]))
+    return min(one_by_one) / min(batched)
 
 
 def _pipeline(args, model: WorldModel, max_batch: int, encode: bool = True) -> Pipeline:
@@ -615,6 +658,17 @@ def main(argv: list[str]) -> int:
         )
         print(f"recompute-the-window baseline at block 100: {lat['recompute_ms_100']:.2f} ms "
               f"(x{lat['recompute_ms_100'] / lat['resident_ms_100']:.2f} of resident)")  # fmt: skip
+        work = {}
+        if args.device == "cpu":  # thread CPU time is the device's work only on a CPU
+            work = {
+                "tick_cpu_ratio_100_vs_5": round(lat["resident_cpu_ms_100"] / lat["resident_cpu_ms_5"], 3),
+                "recompute_cpu_ratio_100": round(lat["recompute_cpu_ms_100"] / lat["resident_cpu_ms_100"], 3),
+                "batched_vs_sliced_cpu_4": round(batched_cpu_gain(args), 3),
+            }
+            print(f"CPU time (this thread, min over {args.reps}): tick at block 100 / block 5 "
+                  f"x{work['tick_cpu_ratio_100_vs_5']:.2f}, recompute / resident "
+                  f"x{work['recompute_cpu_ratio_100']:.2f}, 4 ticks one by one / one batch of 4 "
+                  f"x{work['batched_vs_sliced_cpu_4']:.2f}")  # fmt: skip
         print(
             f"{'sessions':>8} {'batched fps':>12} {'sliced fps':>11} {'ratio':>6}   model stages (DiT + decode)"
         )
@@ -640,6 +694,7 @@ def main(argv: list[str]) -> int:
         "batched_vs_sliced_4_encoded": round(encoded[4], 3),
         "pipeline_overlap_ratio": round(overlapped / serial, 3),
         "continuous_play_ratio": round(play, 3),
+        **work,
     })  # fmt: skip
 
 

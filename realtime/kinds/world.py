@@ -40,12 +40,14 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
-from models.world.controls import CONTROL_SCHEMAS
+from models.world.controls import CONTROL_SCHEMAS, validate_control
 from models.world.kv_cache import KVGeometry
-from models.world.memory import fixed_bytes
+from models.world.memory import decoder_state_bytes, fixed_bytes
 from models.world.model import WorldModel, WorldTick
+from models.world.profiling import OFF, DeviceProfiler
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
-from models.world.vae import decoder_state_bytes
+from models.world.text_encoder import PrecomputedEmbeddings, PromptEmbedder, UMT5TextEncoder
+from realtime.config import WorldConfig
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
@@ -57,6 +59,7 @@ from sessions.capacity import CapacityPlan, MemoryDeclaration, paced_capacity, w
 from sessions.engine import Pipeline, PipelineResult, StageEngine
 from sessions.errors import SessionError, TickSupersededError, TransientError
 from sessions.executor import StageExecutor
+from sessions.session import SessionStatus
 from sessions.tick import TickOutput
 
 log = logging.getLogger("realtime.world")
@@ -83,6 +86,21 @@ def resolve_model(name: str, weights: str | None) -> tuple[WorldModelConfig, Pat
         raise ValueError(f"unknown world model {name!r} (known: {', '.join(CONFIGS)})")
     trained = WEIGHTS_DIR / f"{name}.safetensors"
     return (read_config(trained), trained) if trained.is_file() else (CONFIGS[name], None)
+
+
+def prompt_context(wc: WorldConfig, cfg: WorldModelConfig, dtype: torch.dtype) -> PromptEmbedder:
+    """A checkpoint model's prompt embeddings (``models.world.text_encoder``): Wan's umT5 encoder
+    on ``world.device``, or the embeddings file of ``world.prompt_embeddings``; encoded once per
+    prompt while it stays in use (the embedder's LRU)."""
+    if wc.text_encoder:
+        source = UMT5TextEncoder.load(
+            Path(wc.text_encoder), device=wc.device, dtype=dtype, text_len=cfg.text_len
+        )
+    else:
+        source = PrecomputedEmbeddings.load(
+            Path(wc.prompt_embeddings), dim=cfg.text_dim, device=wc.device, dtype=dtype, text_len=cfg.text_len
+        )
+    return PromptEmbedder(source, cfg.text_len)
 
 
 class WorldService(KindServiceBase):
@@ -149,6 +167,8 @@ class WorldService(KindServiceBase):
             torch.set_num_threads(wc.torch_threads)
         progress("plan capacity", 0, 3)
         cfg, weights = resolve_model(wc.model, wc.weights)
+        # a checkpoint model's umT5 source first: what it holds on the device is not free for the plan
+        prompts = prompt_context(wc, cfg, _DTYPES[wc.dtype]) if wc.checkpoint else None
         self.plan = capacity_plan(
             self.ctx.config.runtime,
             world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch, wc.graphs),
@@ -162,6 +182,10 @@ class WorldService(KindServiceBase):
             device=wc.device,
             dtype=_DTYPES[wc.dtype],
             attention=wc.attention,
+            profiler=DeviceProfiler(wc.device.startswith("cuda")) if wc.stage_timing else OFF,
+            checkpoint=Path(wc.checkpoint) if wc.checkpoint else None,
+            vae=Path(wc.vae) if wc.vae else None,
+            prompts=prompts,
         )
         if wc.compiles:
             self.model.dit.compile_blocks()
@@ -346,6 +370,7 @@ class _WorldHandler:
             ),
             default_fps=wc.fps,
             default_pacing=wc.default_pacing,
+            validate_control=validate_control,
         )
         self.start: proto.Start | None = None
         self.payload: WorldTickPayload | None = None
@@ -444,9 +469,8 @@ class _WorldHandler:
     async def _reset(self, conn: Connection) -> None:
         session, manager = conn.session, self.service.manager
         assert session is not None and manager is not None
-        conn.epoch += 1  # queued chunks of the old world are never shown
         self._stop_timer()
-        try:
+        try:  # the reset moves the session's epoch on: queued chunks of the old world are never shown
             await manager.reset(session.session_id)
         except SessionError as exc:
             await conn.send(self._error(exc.code, exc.message))
@@ -460,7 +484,6 @@ class _WorldHandler:
     async def _close(self, conn: Connection) -> None:
         session, manager = conn.session, self.service.manager
         assert session is not None and manager is not None
-        conn.epoch += 1
         self._stop_timer()
         try:
             await manager.close(session.session_id)
@@ -488,21 +511,12 @@ class _WorldHandler:
                 return
         self._stop_timer()
         self.ticking = True
-        generation, ahead_ms, lead = conn.epoch, pacer.ahead_s(now) * 1000, pacer.lead_s()
+        generation, ahead_ms, lead = session.epoch, pacer.ahead_s(now) * 1000, pacer.lead_s()
         lead_ms = None if lead is None else lead * 1000
-        conn.spawn(
-            self._tick(conn, session, generation),
+        conn.spawn(  # requested now: a reset before the child starts it drops it unstarted
+            session.next_tick(self.payload),
             lambda result, error: _TickDone(generation, result, error, now, ahead_ms, lead_ms),
         )
-
-    async def _tick(self, conn: Connection, session: Any, generation: int) -> Any:
-        """The spawned tick. A reset handled between the spawn and this task's first step would
-        otherwise find no tick to cut and let this one wait on the session's tick lock and then
-        run as the new world's chunk 0 (dropped here as the old epoch's), so the next chunk the
-        client saw was chunk 1: an epoch moved on before the tick started drops it unstarted."""
-        if generation != conn.epoch:
-            raise TickSupersededError("the session was reset before the tick started")
-        return await session.next_tick(self.payload)
 
     def _wake_in(self, conn: Connection, delay_s: float) -> None:
         """(Re)arm the one pacing timer: it posts a fresh ``_Wake`` to the runner."""
@@ -517,8 +531,10 @@ class _WorldHandler:
 
     async def _tick_done(self, conn: Connection, done: _TickDone) -> None:
         self.ticking = False
-        if done.generation != conn.epoch:
-            return  # superseded by a reset or close
+        session = conn.session
+        assert session is not None
+        if done.generation != session.epoch and session.status is not SessionStatus.FAILED:
+            return  # superseded by a reset or close (a failure moves the epoch on too: reported)
         if done.error is not None:
             error = done.error
             if not isinstance(error, SessionError):
@@ -542,9 +558,7 @@ class _WorldHandler:
         oldest = min(applied, default=None)
         chunk = _ChunkMedia(first=result.metadata.chunk_index == 0)
         sent = functools.partial(self._post_sent, conn, done.generation, frames, done.started, oldest, chunk)
-        await conn.outbound.send_later(
-            _media(result.value.tail, meta, chunk), epoch=done.generation, on_done=sent
-        )
+        await conn.send_later(_media(result.value.tail, meta, chunk), epoch=done.generation, on_done=sent)
 
     @staticmethod
     def _post_sent(
@@ -560,7 +574,9 @@ class _WorldHandler:
 
     def _sent(self, conn: Connection, item: _Sent) -> None:
         self.unsent -= 1
-        if item.generation == conn.epoch:  # an old world's chunk was dropped, not played
+        session = conn.session
+        assert session is not None
+        if item.generation == session.epoch:  # an old world's chunk was dropped, not played
             self.pacer.sent(item.frames, item.at, item.at - item.started)  # type: ignore[union-attr]
             if item.event_at is not None:
                 self.service.event_to_chunk.observe(item.at - item.event_at)

@@ -31,7 +31,9 @@ class RawClient:
         self.sock.connect((parts.hostname, parts.port))
         self.protocol = ClientProtocol(parse_uri(url), max_size=None)
         request = self.protocol.connect()
-        for name, value in (headers or {}).items():
+        for name, value in (headers or {}).items():  # replaces a header the protocol set (Host)
+            if name in request.headers:
+                del request.headers[name]
             request.headers[name] = value
         self.protocol.send_request(request)
         self._flush()

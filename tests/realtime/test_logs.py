@@ -2,7 +2,8 @@
 and internal errors as one rate-limited ERROR line per session.
 
 Regression for issue 11 defect 7: at ``debug`` every ``Authorization`` header was logged in plain
-text, failed attempts included.
+text, failed attempts included. Regression for issue 26 defect 4: a percent-encoded query name
+(``?api%5Fkey=KEY``) passed auth but not the redaction, so the accept line carried the key.
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ def test_no_key_reaches_the_log_at_debug_level(tmp_path):
         for headers in ({"Authorization": f"Api-Key {GOOD}"}, {"Authorization": f"Bearer {GOOD}"}):
             with connect(ws_url + "/", additional_headers=headers, open_timeout=30) as ws:
                 ws.recv(timeout=30)
-        with connect(f"{ws_url}/?api_key={GOOD}", open_timeout=30) as ws:
-            ws.recv(timeout=30)
+        for name in ("api_key", "api%5Fkey", "%61pi_key", "%61%70%69%5F%6B%65%79"):  # all decode to api_key
+            with connect(f"{ws_url}/?{name}={GOOD}", open_timeout=30) as ws:
+                ws.recv(timeout=30)
         for headers, path in (({"Authorization": f"Bearer {WRONG}"}, "/"), ({}, f"/?api_key={WRONG}")):
             with pytest.raises(InvalidStatus):
                 connect(ws_url + path, additional_headers=headers, open_timeout=30)
         assert httpx.get(f"{url}/v1/models", params={"api_key": GOOD}).status_code == 200
+        assert httpx.get(f"{url}/v1/models?api%5Fkey={GOOD}").status_code == 200
         assert httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {WRONG}"}).status_code == 401
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -55,6 +58,12 @@ def test_no_key_reaches_the_log_at_debug_level(tmp_path):
         "GET /demo/world?API_KEY={k}&x=1 HTTP/1.1",
         "< Sec-WebSocket-Protocol: realtime, openai-insecure-api-key.{k}",
         "headers={{'authorization': 'bearer {k}'}}",
+        '127.0.0.1:5 - "WebSocket /v1/realtime?api%5Fkey={k}" [accepted]',
+        "GET /v1/models?x=1&%61pi_key={k} HTTP/1.1",
+        "GET /v1/models?%61%70%69%5f%6b%65%79={k}",
+        "GET /v1/models%3Fapi%255Fkey%3D{k}",
+        "query_string=b'api+key=1&api_key={k}'",
+        "path=/?Api_Key={k}",
     ],
 )
 def test_redact_hides_credentials(line):

@@ -94,3 +94,58 @@ def test_sigterm_with_non_reading_flooders_exits_within_bound_and_others_get_100
                 client.close()
             if proc.poll() is None:
                 proc.kill()
+
+
+def _infer_until_closed(url: str, codes: list, ready: threading.Barrier) -> None:
+    """An openpi-client robot calling ``infer`` back to back until the server closes it."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from realtime.bench.examples import libero
+
+    policy = WebsocketClientPolicy(url)
+    observation = libero(0)
+    policy.infer(observation)
+    ready.wait(timeout=60)
+    try:
+        while True:
+            policy.infer(observation)
+    except ConnectionClosed as closed:
+        codes.append(closed.rcvd.code if closed.rcvd is not None else None)
+    except Exception as exc:  # noqa: BLE001 (anything else is the failure this test reports)
+        codes.append(repr(exc))
+    finally:
+        policy._ws.close()
+
+
+def test_sigterm_during_robot_inference_is_a_clean_1001_without_error_lines(tmp_path):
+    """Regression for issue 26 defect 7: SIGTERM during a robot inference logged ERROR ``robot
+    connection failed ... WebSocketDisconnected`` with a traceback and ``closing websocket
+    code=1011`` (the drain had closed the socket with 1001 under the handler's reply)."""
+    proc, url = start_server(
+        f"server: {{shutdown_timeout_s: {BOUND_S}}}\nrobot: {{enabled: true, policy: pi0-tiny, device: cpu}}\n",
+        tmp_path,
+    )
+    robots, codes = 3, []
+    ready = threading.Barrier(robots + 1)
+    threads = [
+        threading.Thread(
+            target=_infer_until_closed, args=(url.replace("http", "ws"), codes, ready), daemon=True
+        )
+        for _ in range(robots)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        ready.wait(timeout=120)
+        time.sleep(0.5)  # every robot is mid-request: the next forward is always in flight
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=BOUND_S + SLACK_S + 30) == 0
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert codes == [1001] * robots
+    log = (tmp_path / "server.log").read_text()
+    assert "level=error" not in log and "Traceback" not in log, log[-4000:]
+    assert "code=1011" not in log, log[-4000:]

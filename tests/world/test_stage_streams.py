@@ -12,7 +12,8 @@ from models.stage import StageItem
 from models.world.attention import flash4_usable
 from models.world.configs import TEST
 from models.world.model import WorldModel, WorldTick
-from models.world.stage import BlockTimings, WorldBlockInput, WorldBlockStage, WorldDecodeStage
+from models.world.profiling import BlockTimings, DeviceProfiler
+from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
 
 CUDA = pytest.param(
     "cuda",
@@ -22,7 +23,7 @@ CUDA = pytest.param(
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_staged_frames_equal_the_models_step_with_stage_timings(device):
-    staged = WorldModel.build(TEST, slots=2, device=device, seed=3)
+    staged = WorldModel.build(TEST, slots=2, device=device, seed=3, profiler=DeviceProfiler(device == "cuda"))
     direct = WorldModel.build(TEST, slots=2, device=device, seed=3)
     dit = WorldBlockStage(staged, device=device)
     decode = WorldDecodeStage(staged, device=device)
