@@ -235,6 +235,7 @@ def resize_with_pad(image: np.ndarray, size: int) -> np.ndarray:
     if (h, w) == (size, size):
         return image
     from PIL import Image  # only for images that need resizing (GPU benches send 224x224)
+
     ratio = max(w / size, h / size)
     rh, rw = max(1, int(h / ratio)), max(1, int(w / ratio))
     resized = Image.fromarray(np.ascontiguousarray(image)).resize((rw, rh), resample=Image.BILINEAR)
