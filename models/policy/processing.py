@@ -260,8 +260,11 @@ class OutputMap:
         return (chunk[:, :dim] * self.scale + self.offset).astype(np.float32)
 
     def to_model(self, actions: np.ndarray) -> np.ndarray:
-        """The inverse (for guiding the next chunk toward a delivered one)."""
-        return ((actions - self.offset) / self.scale).astype(np.float32)
+        """The inverse (for guiding the next chunk toward a delivered one); a dimension whose
+        statistics collapse it to a constant (LeRobot's std 0) maps to 0."""
+        scale = np.broadcast_to(self.scale, actions.shape)
+        out = np.divide(actions - self.offset, scale, out=np.zeros(actions.shape), where=scale != 0)
+        return out.astype(np.float32)
 
 
 @dataclass(frozen=True)
