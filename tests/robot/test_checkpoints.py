@@ -15,7 +15,8 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from models.policy.checkpoint import inspect, openpi_state_dict
+from models.policy.checkpoint import inspect
+from models.policy.checkpoint_writer import openpi_state_dict
 from models.policy.processing import discretize_state, resize_with_pad
 from realtime.bench.examples import aloha, droid, libero
 from realtime.config import ConfigError, config_from_mapping
