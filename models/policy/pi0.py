@@ -139,22 +139,24 @@ class RMSNorm(nn.Module):
         return (normed * (1.0 + scale.float()) + shift.float()).to(x.dtype), gate.to(x.dtype)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on ``[B, heads, T, head_dim]`` with ``cos``/``sin`` ``[B, T, head_dim]`` (halves rotated)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos[:, None] + torch.cat([-x2, x1], dim=-1) * sin[:, None]
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``[B, heads, T, head_dim]`` with tables ``[B, T, head_dim]`` from :func:`rope`:
+    HF Gemma's ``x * cos + rotate_half(x) * sin``, the half swap as a roll and its sign in the
+    table (the same products and sums, two kernels fewer)."""
+    return x * cos[:, None] + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin[:, None]
 
 
 def rope(
     positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gemma's rotary tables for integer ``positions [B, T]``: ``(cos, sin)`` in ``dtype``."""
+    """Gemma's rotary tables for integer ``positions [B, T]`` in ``dtype``: ``cos`` and the sine
+    with the first half negated (see :func:`rotate`)."""
     inv_freq = 1.0 / theta ** (
         torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
     )
     freqs = positions.float()[..., None] * inv_freq
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    sin = freqs.sin().to(dtype)
+    return torch.cat([freqs, freqs], dim=-1).cos().to(dtype), torch.cat([-sin, sin], dim=-1)
 
 
 class GemmaLayer(nn.Module):
@@ -189,10 +191,9 @@ class GemmaLayer(nn.Module):
         B, T, _ = x.shape
         nh, nkv, hd = self.c.n_head, self.c.n_kv_head, self.c.head_dim
         h, gate = self.input_norm(x, cond)
-        q, k, v = self.qkv(h).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q = rotate(q.view(B, T, nh, hd).transpose(1, 2), *rotary)
-        k = rotate(k.view(B, T, nkv, hd).transpose(1, 2), *rotary)
-        v = v.view(B, T, nkv, hd).transpose(1, 2)
+        qkv = self.qkv(h).view(B, T, nh + 2 * nkv, hd).transpose(1, 2)
+        q, k = rotate(qkv[:, : nh + nkv], *rotary).split([nh, nkv], dim=1)  # q and k in one pass
+        v = qkv[:, nh + nkv :]
         keys, values = k, v
         if kv is not None:
             kv[0][:, :, start : start + T] = k

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from models.cuda_graphs import buckets
-from models.policy.checkpoint import model_config, openpi_state_dict
+from models.policy.checkpoint import model_config
+from models.policy.checkpoint_writer import openpi_state_dict
 from models.policy.pi0 import PI0, PI0_TINY, PI05, Pi0
 from models.policy.pi0_policy import Pi0Policy
 from realtime.bench import examples
