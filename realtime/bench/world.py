@@ -41,6 +41,11 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    and after each run, ``realtime.bench.world_stages``: ``mean``, ``p50`` and ``max`` of the later blocks,
    ``first_block`` the mean of the run's first blocks, ``n`` the later blocks counted).
 
+``--model self-forcing`` / ``causvid`` with ``--checkpoint PATH`` (and ``--vae``, ``--text-encoder``
+or ``--prompt-embeddings``: the served ``world.*`` files, docs/models.md) runs every section on the
+checkpoint; ``--write-random-checkpoint DIR`` writes random files of the real size in the real
+layouts first (``realtime.bench.world_checkpoint``).
+
 Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``,
 ``pipeline_overlap_ratio``, ``continuous_play_ratio``, ``key_to_frame_ms_p50``,
 ``key_to_frame_ms_p95``, ``key_to_frame_continuous_play_ratio``; on a CPU device also the first
@@ -77,7 +82,8 @@ from models.world.model import WorldModel, WorldTick
 from models.world.sampler import BlockRequest, recompute_generate
 from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
 from realtime.bench import world_stages
-from realtime.kinds.world import resolve_model
+from realtime.config import WorldConfig
+from realtime.kinds.world import prompt_context, resolve_model
 from realtime.kinds.world_pacing import PlaybackPacer
 from realtime.media.stage import MediaEncodeStage, MediaSettings
 from sessions.engine import Pipeline, StageEngine
@@ -89,16 +95,29 @@ def _act(i: int) -> torch.Tensor:
     return a
 
 
+def _files(args) -> dict[str, str]:
+    """The served world config's checkpoint files (``--checkpoint`` and its companions)."""
+    names = ("checkpoint", "vae", "text_encoder", "prompt_embeddings")
+    return {n: getattr(args, n) for n in names if getattr(args, n)}
+
+
 def _build(args, slots: int) -> WorldModel:
-    """The served model: the committed weights (with their own config) where they exist."""
+    """The served model: the committed weights (with their own config) where they exist, or the
+    checkpoint files of ``--checkpoint``."""
     cfg, weights = resolve_model(args.model, None)
+    files = _files(args)
+    dtype = getattr(torch, args.dtype)
+    prompts = prompt_context(WorldConfig(device=args.device, **files), cfg, dtype) if files else None
     return WorldModel.build(
         cfg,
         slots=slots,
         weights=weights,
         device=args.device,
-        dtype=getattr(torch, args.dtype),
+        dtype=dtype,
         attention=args.attention,
+        checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+        vae=Path(args.vae) if args.vae else None,
+        prompts=prompts,
     )
 
 
@@ -281,6 +300,7 @@ def world_server(args, **world: object) -> Iterator[str]:
             "dtype": args.dtype,
             "torch_threads": args.threads,
             "attention": args.attention,
+            **_files(args),
             **({} if args.pacing_margin_s is None else {"pacing_margin_s": args.pacing_margin_s}),
             **world,
         },
@@ -632,7 +652,26 @@ def main(argv: list[str]) -> int:
         "--encode-threads", type=int, help="section 6: the served world.encode_threads (default: its default)"
     )
     p.add_argument("--peak-tflops", type=float, default=989.0, help="section 6: dense bf16 peak (H200: 989)")
+    for flag, what in (
+        ("--checkpoint", "the DiT checkpoint (--model self-forcing | causvid)"),
+        ("--vae", "Wan 2.1's Wan2.1_VAE.pth"),
+        ("--text-encoder", "Wan's umT5 encoder (.pth, Wan's folder or an HF folder)"),
+        ("--prompt-embeddings", "precomputed prompt embeddings (holding the bench's prompt, 'stone')"),
+    ):
+        p.add_argument(flag, default="", help=f"world.{flag[2:].replace('-', '_')}: {what}, every section")
+    p.add_argument(
+        "--write-random-checkpoint",
+        type=Path,
+        metavar="DIR",
+        help="write random real-size --model files (DiT checkpoint, VAE, prompt embeddings) into DIR and exit",
+    )
     args = p.parse_args(argv)
+    if args.write_random_checkpoint:
+        from realtime.bench.world_checkpoint import write_random_checkpoint
+
+        paths = write_random_checkpoint(args.write_random_checkpoint, args.model)
+        print(" ".join(f"--{k.replace('_', '-')} {v}" for k, v in paths.items()))
+        return 0
     if args.key_to_frame_only:
         return _print_key_to_frame(args, {})
     if args.e2e:

@@ -46,7 +46,12 @@ from models.world.memory import decoder_state_bytes, fixed_bytes
 from models.world.model import WorldModel, WorldTick
 from models.world.profiling import OFF, DeviceProfiler
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
-from models.world.text_encoder import PrecomputedEmbeddings, PromptEmbedder, UMT5TextEncoder
+from models.world.text_encoder import (
+    PrecomputedEmbeddings,
+    PromptEmbedder,
+    UMT5TextEncoder,
+    UnknownPromptError,
+)
 from realtime.config import WorldConfig
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
@@ -130,6 +135,18 @@ class WorldService(KindServiceBase):
     def engine(self) -> StageEngine | None:
         """The DiT block engine (the pipeline's first stage, which holds the resident KV)."""
         return self.pipeline.runners[0] if self.pipeline is not None else None  # type: ignore[return-value]
+
+    def unknown_prompt(self, prompt: str | None) -> str | None:
+        """Why ``prompt`` cannot be served, or ``None``: with ``world.prompt_embeddings`` only the
+        file's prompts can (its lookup reads one small tensor; any prompt goes with a text encoder
+        or a model of its own word table)."""
+        if not self.config.prompt_embeddings or self.model is None:
+            return None
+        try:
+            self.model.prompts([prompt])
+        except UnknownPromptError as exc:
+            return str(exc)
+        return None
 
     def routes(self) -> list[BaseRoute]:
         return [WebSocketRoute(PATH, self._endpoint)]
@@ -432,6 +449,11 @@ class _WorldHandler:
         self.queue_sends.append(asyncio.create_task(conn.send(proto.render_queued(position))))
 
     async def _start(self, conn: Connection, cmd: proto.Start) -> None:
+        unknown = self.service.unknown_prompt(cmd.prompt)
+        if unknown:
+            await conn.send(self._error(proto.ErrorCode.INVALID_MESSAGE, unknown))
+            conn.end("protocol", unknown)  # the codec counts the start as made: no second one on this socket
+            return
         try:
             session = await conn.create_session(on_queue_position=functools.partial(self._queued, conn))
         except SessionError as exc:
@@ -456,6 +478,9 @@ class _WorldHandler:
     def _event(self, conn: Connection, cmd: proto.Event) -> str:
         """Accept or refuse one event at once; the ack or typed error to send."""
         event = cmd.event
+        unknown = self.service.unknown_prompt(event.prompt) if event.prompt is not None else None
+        if unknown:
+            return self._error(proto.ErrorCode.INVALID_MESSAGE, unknown, event.event_id)
         try:
             status = conn.session.accept_event(event)  # type: ignore[union-attr]
         except SessionError as exc:

@@ -6,6 +6,7 @@ the config load turns into exit 2 before any model memory is taken."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import pickle
 from pathlib import Path
@@ -265,3 +266,75 @@ async def test_a_self_forcing_checkpoint_serves_over_the_world_protocol(tmp_path
                     assert frames[0].shape == (SMALL.frame_height, SMALL.frame_width, 3)
                     counts.append(len(frames))
             assert counts == [SMALL.frames_for_block(True), SMALL.frames_for_block(False)]
+
+
+def test_the_bench_writes_random_files_the_loaders_accept(tmp_path, monkeypatch):
+    """``realtime bench world --write-random-checkpoint`` at the test size (its VAE at Wan's test size)."""
+    from models.world import wan_vae
+    from realtime.bench import world_checkpoint
+
+    monkeypatch.setitem(world_checkpoint.CHECKPOINT_MODELS, "self-forcing", SMALL)
+    monkeypatch.setattr(world_checkpoint, "WAN_VAE", wan_vae.WAN_VAE_TEST)
+    paths = world_checkpoint.write_random_checkpoint(tmp_path, "self-forcing")
+    inspect_files(
+        SMALL, checkpoint=str(paths["checkpoint"]), vae="", prompt_embeddings=str(paths["prompt_embeddings"])
+    )
+    assert set(torch.load(paths["checkpoint"], weights_only=True)) == {"generator", "generator_ema"}
+    wan_vae.load_wan_vae_decoder(
+        paths["vae"], SMALL.latent_height, SMALL.latent_width, cfg=wan_vae.WAN_VAE_TEST
+    )
+    model = build(paths["checkpoint"], paths["prompt_embeddings"])
+    assert rollout(model, "s", 1, prompt="stone").shape == (1, 3, 16, 4, 6)
+
+
+async def _next_text(ws, kind: str) -> dict:
+    """The next JSON message of ``kind`` (chunks and other messages skipped)."""
+    import json
+
+    while True:
+        msg = await ws.recv()
+        if isinstance(msg, str) and json.loads(msg)["type"] == kind:
+            return json.loads(msg)
+
+
+@pytest.mark.timeout(120)
+async def test_a_prompt_outside_the_embeddings_file_is_refused_before_any_tick(files, monkeypatch):
+    import json
+
+    import websockets
+
+    from tests.serving import serve_in_process
+
+    monkeypatch.setitem(CHECKPOINT_MODELS, "self-forcing", SMALL)
+    monkeypatch.setitem(CONFIGS, "self-forcing", SMALL)
+    ckpt, emb = (str(p) for p in files)
+    world = {
+        **_world(checkpoint=ckpt, prompt_embeddings=emb)["world"],
+        "torch_threads": 1,
+        "compute_admission": False,
+    }
+    config = config_from_mapping(
+        {"robot": {"enabled": False}, "runtime": {"memory_available_bytes": 2**30}, "world": world}
+    )
+    async with serve_in_process(config) as (url, _running):
+        ws_url = url.replace("http://", "ws://") + "/v1/realtime/world?protocol_version=1"
+        async with websockets.connect(ws_url, max_size=2**24) as ws:
+            await ws.send(json.dumps({"type": "session.start", "prompt": "a dog", "pacing": "fast"}))
+            err = json.loads(await ws.recv())
+            assert err["type"] == "error" and err["error"]["code"] == "invalid_message"
+            assert "serves 2 fixed prompts" in err["error"]["message"] and emb not in err["error"]["message"]
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+            assert closed.value.rcvd.code == 1008
+        async with websockets.connect(ws_url, max_size=2**24) as ws:
+            await ws.send(
+                json.dumps({"type": "session.start", "prompt": "a red car in the rain", "pacing": "fast"})
+            )
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            await ws.send(json.dumps({"type": "session.event", "event_id": 1, "prompt": "a cat"}))
+            err = await asyncio.wait_for(_next_text(ws, "error"), 30)
+            assert err["error"]["event_id"] == 1 and err["error"]["code"] == "invalid_message"
+            await ws.send(
+                json.dumps({"type": "session.event", "event_id": 2, "prompt": None})
+            )  # the empty prompt
+            assert (await asyncio.wait_for(_next_text(ws, "session.event.ack"), 30))["event_id"] == 2
