@@ -16,6 +16,7 @@ SCENARIOS: dict[str, str] = {
     "voice": "realtime.bench.voice",
     "duplex": "realtime.bench.duplex",
     "llm": "realtime.bench.llm",
+    "reliability": "realtime.bench.reliability",
 }
 
 
