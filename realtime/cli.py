@@ -1,4 +1,5 @@
-"""Command line: ``realtime serve``, ``realtime bench <scenario>``, ``realtime --version``.
+"""Command line: ``realtime serve`` (``--replicas N``: on Ray Serve, ``realtime.scale``), ``realtime bench
+<scenario>``, ``realtime --version``.
 
 Errors a user can fix (bad config, busy port) print one line on stderr and exit 2; no traceback.
 """
@@ -11,14 +12,17 @@ import os
 import sys
 
 from realtime import __version__
-from realtime.bench import SCENARIOS, run_scenario
-from realtime.config import ConfigError, load_config
+from realtime.config import ConfigError, DeployConfig, load_config
 from realtime.logs import configure_logging
 
 log = logging.getLogger("realtime.cli")
 
 
 def _parser() -> argparse.ArgumentParser:
+    # the benches are a leaf over the server: only this command reaches them (the package names
+    # the scenarios; each scenario module loads when it runs)
+    from realtime.bench import SCENARIOS
+
     parser = argparse.ArgumentParser(prog="realtime", description="Realtime websocket session server.")
     parser.add_argument("--version", action="version", version=f"realtime-sessions {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -31,11 +35,43 @@ def _parser() -> argparse.ArgumentParser:
         "--log-level", choices=["debug", "info", "warning", "error"], help="overrides server.log_level"
     )
     serve.add_argument("--log-format", choices=["text", "json"], help="overrides server.log_format")
+    serve.add_argument(
+        "--replicas",
+        type=_positive_int,
+        metavar="N",
+        help="serve N replicas on Ray Serve behind its HTTP proxy (needs the ray extra; docs/scaling.md)",
+    )
+    serve.add_argument(
+        "--ray-address", metavar="ADDR", help="with --replicas: join the Ray cluster at ADDR, not a local one"
+    )
 
     bench = sub.add_parser("bench", help="run a benchmark scenario against its peer")
     bench.add_argument("scenario", choices=sorted(SCENARIOS))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="scenario options (see --help of each)")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _serve_replicas(args: argparse.Namespace, config: DeployConfig) -> int:
+    try:
+        from realtime.scale.launch import serve_replicas  # Ray is an optional extra
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "ray":
+            raise
+        print(
+            "realtime: --replicas runs on Ray Serve, an optional extra: "
+            "pip install 'realtime-sessions[ray]' (in a checkout: pip install -e '.[ray]')",
+            file=sys.stderr,
+        )
+        return 2
+    name = args.config or "deploy/default.yaml"
+    return serve_replicas(config, name, args.replicas, args.ray_address, host=args.host, port=args.port)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -44,7 +80,12 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"realtime: {exc}", file=sys.stderr)
         return 2
+    if args.ray_address and args.replicas is None:
+        print("realtime: --ray-address needs --replicas N", file=sys.stderr)
+        return 2
     configure_logging(args.log_level or config.server.log_level, args.log_format or config.server.log_format)
+    if args.replicas is not None:
+        return _serve_replicas(args, config)
     # pools and per-tick scratch of several sizes: segments that grow in place keep the caching
     # allocator from stranding free memory between them (read once, at the first CUDA allocation)
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -70,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return _serve(args)
     configure_logging("warning")
+    from realtime.bench import run_scenario
+
     return run_scenario(args.scenario, args.args)
 
 

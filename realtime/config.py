@@ -132,7 +132,13 @@ class RobotConfig:
     """Robot policy sessions over the OpenPI protocol."""
 
     enabled: bool = True
-    policy: Literal["pi0-tiny", "pi0-shaped", "zeros"] = "pi0-tiny"
+    # pi0 / pi0.5: a checkpoint folder (openpi or LeRobot layout); pi0-tiny, pi0-shaped: random weights
+    policy: Literal["pi0-tiny", "pi0-shaped", "pi0", "pi0.5", "zeros"] = "pi0-tiny"
+    checkpoint: str = ""  # the checkpoint folder (policy pi0 / pi0.5)
+    tokenizer: str = ""  # PaliGemma's sentencepiece file; "": <checkpoint>/paligemma_tokenizer.model
+    openpi_config: str = ""  # openpi training config whose transforms apply; "": pi0|pi05 + the robot
+    asset_id: str = ""  # assets/<asset_id>/norm_stats.json of an openpi checkpoint; "": the only one
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: checkpoints bf16 on CUDA, else float32
     idle_timeout_s: NonNegativeFloat = 0.0  # off: dead peers are found by the websocket pings
     max_lifetime_s: NonNegativeFloat = 0.0
     observation_preset: Literal["auto", "libero", "droid", "aloha", "pi0"] = "auto"
@@ -148,7 +154,43 @@ class RobotConfig:
     torch_threads: NonNegativeInt = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cuda_graphs: bool = True
-    fp8: bool = False  # pi0 layers' matmuls in FP8 (models/fp8.py; CUDA sm89+, allowed but slower on CPU)
+
+    def validate(self, path: str) -> None:
+        """A checkpoint policy's folder is read and checked here (headers and small files only:
+        no tensors, no GPU memory), so a missing or malformed file fails the config load."""
+        uses_checkpoint = self.policy in ("pi0", "pi0.5")
+        for name in ("checkpoint", "tokenizer", "openpi_config", "asset_id"):
+            if getattr(self, name) and not uses_checkpoint:
+                raise _FieldError(
+                    f"{path}.{name}", f"applies to policy pi0 or pi0.5 only (policy is {self.policy!r})"
+                )
+        if not uses_checkpoint or not self.enabled:
+            return
+        if not self.checkpoint:
+            raise _FieldError(f"{path}.checkpoint", f"policy {self.policy!r} needs a checkpoint folder")
+        from models.policy.processing import RECIPES
+
+        if self.openpi_config and self.openpi_config not in RECIPES:
+            raise _FieldError(
+                f"{path}.openpi_config", f"must be one of {', '.join(RECIPES)}, got {self.openpi_config!r}"
+            )
+        try:
+            self.inspect()
+        except ValueError as exc:  # models.policy.checkpoint.CheckpointError names the file
+            raise _FieldError(f"{path}.checkpoint", str(exc)) from None
+
+    def inspect(self) -> Any:
+        """The checked checkpoint (``models.policy.checkpoint.Checkpoint``) of policy pi0 / pi0.5."""
+        from models.policy.checkpoint import inspect
+
+        return inspect(
+            self.checkpoint,
+            pi05=self.policy == "pi0.5",
+            tokenizer=self.tokenizer,
+            preset=self.observation_preset,
+            openpi_config=self.openpi_config,
+            asset_id=self.asset_id,
+        )
 
 
 @dataclass(frozen=True)
@@ -179,7 +221,6 @@ class WorldConfig:
     compute_utilisation: Fraction = 0.8
     max_prompt_chars: PositiveInt = 2000
     compile: bool | Literal["auto"] = "auto"  # torch.compile each DiT block; auto: on CUDA devices
-    fp8: bool = False  # DiT block matmuls in FP8 (models/fp8.py; CUDA sm89+, allowed but slower on CPU)
     # the DiT's attention kernel (models/world/attention.py): auto = flash4 on a Hopper GPU in
     # bf16/fp16 where the flash4 extra is installed, else sdpa; flash4 elsewhere fails the load
     attention: Literal["auto", "sdpa", "flash4"] = "auto"
@@ -187,16 +228,54 @@ class WorldConfig:
     # devices, falling back to eager passes with a warning if a capture fails; true: a failed
     # capture fails the load
     cuda_graphs: bool | Literal["auto"] = "auto"
-    # the CUDA stream priority of the DiT's passes against the decoder's stream (models/world/stage.py)
-    dit_priority: Literal["normal", "high"] = "normal"
+    # where a chunk's time goes, stage by stage (world_stage_seconds; models/world/profiling.py)
+    stage_timing: bool = True
+    # model self-forcing / causvid (docs/models.md, "World"): the DiT checkpoint, Wan 2.1's VAE, and
+    # the prompts' umT5 embeddings: Wan's text encoder, or a file of precomputed ones
+    checkpoint: str = ""
+    vae: str = ""
+    text_encoder: str = ""
+    prompt_embeddings: str = ""
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:
             raise _FieldError(f"{path}.fps", f"must be in min_fps..max_fps ({self.min_fps}..{self.max_fps})")
         if self.cuda_graphs is True and not self.device.startswith("cuda"):
             raise _FieldError(f"{path}.cuda_graphs", f"needs a CUDA device (device is {self.device!r})")
-        if self.dit_priority == "high" and not self.device.startswith("cuda"):
-            raise _FieldError(f"{path}.dit_priority", f"high needs a CUDA device (device is {self.device!r})")
+        self._validate_checkpoint_files(path)
+
+    def _validate_checkpoint_files(self, path: str) -> None:
+        """A checkpoint model's files are read and checked here (headers only, memory-mapped: no
+        weights, no GPU memory), so a missing or malformed file fails the config load (exit 2)."""
+        from models.world.configs import CHECKPOINT_MODELS
+
+        files = {n: getattr(self, n) for n in ("checkpoint", "vae", "text_encoder", "prompt_embeddings")}
+        cfg = CHECKPOINT_MODELS.get(self.model)
+        if cfg is None:
+            for name, value in files.items():
+                if value:
+                    raise _FieldError(
+                        f"{path}.{name}",
+                        f"applies to world.model {' or '.join(CHECKPOINT_MODELS)} (model is {self.model!r})",
+                    )
+            return
+        if self.weights:
+            raise _FieldError(f"{path}.weights", f"model {self.model!r} loads world.checkpoint, not weights")
+        needed = ("checkpoint", "vae") if cfg.vae == "wan2.1" else ("checkpoint",)
+        for name in needed:
+            if not files[name]:
+                raise _FieldError(f"{path}.{name}", f"model {self.model!r} needs a path (docs/models.md)")
+        if bool(self.text_encoder) == bool(self.prompt_embeddings):
+            raise _FieldError(
+                f"{path}.text_encoder", f"model {self.model!r} needs one of text_encoder or prompt_embeddings"
+            )
+        if self.enabled:
+            from models.world.checkpoints import inspect_files
+
+            try:
+                inspect_files(cfg, **files)
+            except ValueError as exc:  # CheckpointError: one line naming the file; .field names ours
+                raise _FieldError(f"{path}.{getattr(exc, 'field', 'checkpoint')}", str(exc)) from None
 
     @property
     def compiles(self) -> bool:
@@ -305,6 +384,36 @@ class DuplexConfig:
 
 
 @dataclass(frozen=True)
+class ReplicasConfig:
+    """Ray Serve replicas (``realtime serve --replicas N``, ``deploy/ray/``; docs/scaling.md).
+
+    The single-process server ignores this section. Every replica runs every enabled kind with the
+    limits of the other sections, so session limits (``runtime.max_sessions``, each kind's
+    ``max_sessions``, the memory plan) apply per replica, and ``server.max_connections`` becomes
+    each replica's ``max_ongoing_requests`` (open websockets plus HTTP requests in flight)."""
+
+    num_cpus: PositiveFloat = 1.0  # Ray CPUs each replica reserves
+    num_gpus: NonNegativeFloat = 0.0  # GPUs each replica reserves; a fraction shares one GPU
+    memory_bytes: PositiveInt | None = None  # Ray's memory resource each replica reserves
+    stats_period_s: PositiveFloat = 1.0  # how often Serve collects each replica's routing stats
+    max_queued_requests: PositiveInt = 100  # per proxy: requests waiting for a replica, then 503
+    health_check_period_s: PositiveFloat = 10.0
+    health_check_timeout_s: PositiveFloat = 30.0
+    peer_timeout_s: PositiveFloat = 2.0  # cluster views: a replica silent this long is "unreachable"
+    app_name: str = "realtime"  # the Serve application's name
+    object_store_bytes: PositiveInt | None = None  # the local Ray instance's object store (null: Ray's)
+    checkpoint_max_bytes: PositiveInt = 4 * 1024 * 1024  # one session's resumable state
+    checkpoint_ttl_s: PositiveFloat = 300.0  # a checkpoint not refreshed this long is dropped
+    checkpoint_max_total_bytes: PositiveInt = 1 << 30  # all sessions' checkpoints in the store
+
+    def validate(self, path: str) -> None:
+        if not self.app_name or not all(c.isalnum() or c in "-_" for c in self.app_name):
+            raise _FieldError(
+                f"{path}.app_name", f"must be letters, digits, '-' or '_', got {self.app_name!r}"
+            )
+
+
+@dataclass(frozen=True)
 class DeployConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -313,6 +422,7 @@ class DeployConfig:
     echo: EchoConfig = field(default_factory=EchoConfig)
     voice: VoiceConfig = field(default_factory=VoiceConfig)
     duplex: DuplexConfig = field(default_factory=DuplexConfig)
+    replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
 
     def enabled_kinds(self) -> list[str]:
         """Names of the session kinds this deployment serves, in a stable order."""

@@ -12,15 +12,19 @@ sans-I/O codec calls, its command handler and its tick loop); the skeleton owns 
   handles each command before it reads the next frame (the websocket is the mailbox), so a client
   cannot queue work and replies leave in request order.
 - **Outbound.** One bounded queue (:class:`Outbound`, ``max_items`` and ``max_bytes``) drained by
-  the writer. Items carry the kind's epoch (a reset or close bumps it); items of a superseded
-  epoch are dropped before they are sent. Media that is still being produced travels as a
-  *deferred* item whose frames the writer awaits in order. A client that does not read: once the
+  the writer. An item may carry an epoch of the connection's session (``Session.epoch``: an
+  interrupt, reset, failure or close bumps it); an item of a superseded epoch is dropped before it
+  is sent, so a barge-in is one call (``session.interrupt()``) and nothing of the old epoch
+  follows it. Items without an epoch (acks, errors, goodbyes) are always sent. Media that is
+  still being produced travels as a *deferred* item whose frames the writer awaits in order. A client that does not read: once the
   queued bytes exceed the bound, or a send (or a wait for room in the queue) has waited
   ``send_wait_s`` for the client, the connection ends with ``slow_consumer`` (1008).
 - **Ends.** Every way a connection ends is one :class:`Close` reason, mapped through one table
   (:data:`CLOSES`) to a close code and reason text. The socket is closed with a deadline, then its
   transport aborted if the close frame cannot be flushed. The session is released through the
-  runtime's one release path (``manager.disconnect``) whatever happened.
+  runtime's one release path (``manager.disconnect``) whatever happened, unless the connection
+  no longer owns it (a resume moved it to another connection) or the socket dropped and the
+  kind's manager keeps dropped sessions for a resume (``resume_grace_s``: it detaches them).
 - **Start deadline.** A socket that has not started a session within ``start_timeout_s`` ends with
   ``start_timeout`` (1008).
 - **Errors.** An unexpected exception in a kind is one rate-limited ERROR line with the traceback
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -323,16 +328,17 @@ class Connection:
         self.manager = manager
         self.session: Session | None = None
         self._admitting = False  # waiting in the admission queue: the start deadline does not apply
-        #: The kind's outbound epoch: bump it (reset, close) and queued items of older ones drop.
-        self.epoch = 0
         self.outbound = Outbound(
             websocket,
             max_items=max_outbound_items,
             max_bytes=max_outbound_bytes,
-            current_epoch=lambda: self.epoch,
+            current_epoch=self._session_epoch,
             direct=handler.inline,
             send_wait_s=send_wait_s,
         )
+        #: ``await conn.send_later(deferred, epoch=, on_done=)``: frames still being produced
+        #: (media), awaited in order by the writer (:meth:`Outbound.send_later`).
+        self.send_later = self.outbound.send_later
         self.start_timeout_s = start_timeout_s
         self._close_fields = {
             "max_bytes": max_outbound_bytes,
@@ -347,6 +353,11 @@ class Connection:
         if not handler.inline:
             self._runner = SessionRunner(self._handle, mailbox_size=mailbox_items, session_id=kind)
 
+    def _session_epoch(self) -> int:
+        """What the outbound queue fences with: the session's one epoch (0 before it exists)."""
+        session = self.session
+        return session.epoch if session is not None else 0
+
     # -- what handlers call ---------------------------------------------------------------
     async def create_session(self, on_queue_position: QueuePositionFn | None = None) -> Session:
         """Admit the connection's session (raises ``SessionError``: capacity, shutdown). While it
@@ -359,15 +370,18 @@ class Connection:
             self._admitting = False
 
     def adopt(self, session: Session) -> Session:
-        """Make ``session`` this connection's: a new one, or one that outlived its socket (resume)."""
-        self.session = session
+        """Make ``session`` this connection's (its owner: ``SessionManager.attach``): a new one,
+        or one that outlived its socket (a resume; a connection still attached to it must stop
+        touching it: the kind tells it)."""
+        self.session = self.manager.attach(session, self)
         watcher = asyncio.create_task(self._watch(session), name=f"{self.kind}-session-end")
         self._children.add(watcher)
         watcher.add_done_callback(self._children.discard)
         return session
 
     async def send(self, *frames: Frame, epoch: int | None = None) -> None:
-        """Queue frames for the client (see :class:`Outbound`)."""
+        """Queue frames for the client (see :class:`Outbound`); with ``epoch`` (a tick's, or
+        ``session.epoch``) they are dropped unsent once the session's epoch moved past it."""
         await self.outbound.send(*frames, epoch=epoch)
 
     def post(self, item: Any) -> None:
@@ -376,21 +390,23 @@ class Connection:
             self._runner.post(item)
 
     def spawn(self, work: Coroutine[Any, Any, Any], done: Callable[[Any, BaseException | None], Any]) -> None:
-        """Run ``work`` as a child task; ``done(result, error)`` is then posted to the runner."""
+        """Run ``work`` as a child task; ``done(result, error)`` is then posted to the runner.
 
-        async def child() -> None:
-            try:
-                result = await work
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.post(done(None, exc))
-            else:
-                self.post(done(result, None))
-
-        task = asyncio.create_task(child(), name=f"{self.kind}-child")
+        ``work`` is the task's own coroutine, so a child cancelled before its first step (the
+        connection ended first) closes it: no coroutine is left never awaited."""
+        task = asyncio.create_task(work, name=f"{self.kind}-child")
         self._children.add(task)
-        task.add_done_callback(self._children.discard)
+        task.add_done_callback(functools.partial(self._child_done, done))
+
+    def _child_done(self, done: Callable[[Any, BaseException | None], Any], task: asyncio.Task) -> None:
+        self._children.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            self.post(done(task.result(), None))
+        elif isinstance(error, Exception):
+            self.post(done(None, error))
 
     def end(self, reason: str, message: str = "") -> None:
         """End the connection with ``reason`` (a :data:`CLOSES` key); the first reason wins."""
@@ -427,16 +443,11 @@ class Connection:
                     await self._runner.cancel()
         finally:
             # Release at once (the session cuts a tick still unwinding), then let the tasks end.
-            if self.session is not None and not self._kept():
-                await self.manager.disconnect(self.session.session_id)
+            if self.session is not None:
+                dropped = (self._close or Close("disconnect")).reason == "disconnect"
+                await self.manager.disconnect(self.session.session_id, owner=self, dropped=dropped)
             await asyncio.gather(*tasks, *self._children, return_exceptions=True)
         await self._finish()
-
-    def _kept(self) -> bool:
-        """A kind whose sessions outlive their socket (duplex resume) keeps the session when its
-        handler's optional ``keep_session(conn, close)`` says so; the kind then releases it."""
-        keep = getattr(self.handler, "keep_session", None)
-        return keep is not None and bool(keep(self, self._close or Close("disconnect")))
 
     async def _read(self) -> None:
         handler = self.handler

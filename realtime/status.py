@@ -8,15 +8,22 @@ scraper. Contract of :func:`server_status` (read on the event loop; nothing is r
 - ``kinds``: per enabled kind, from its ``SessionManager.stats()``: ``capacity``, ``occupied``,
   ``free`` (capacity - occupied, never below 0), ``queued`` (waiting for admission),
   ``sessions_by_state`` and the lifetime counters ``created``, ``closed``, ``evicted``,
-  ``expired``, ``rejected``; ``null`` stats while the kind is still loading;
+  ``expired``, ``rejected``; ``null`` stats while the kind is still loading or when it is
+  unavailable (``unavailable``: the reason, naming the fix; ``null`` otherwise);
 - ``stages``: per stage engine, from the engine histograms of the app's registry (cumulative since
   start): ``batch_size``, ``forward_ms`` (one batched forward) and ``item_ms`` (submit to output:
-  queueing + forward), each ``{count, mean, p50, p95, p99}`` (quantiles interpolated within the
+  queueing + forward; for a self-batching streaming stage such as ``voice-llm``, whose batch and
+  forward figures stay ``null``, one request from start to its last chunk), each ``{count, mean, p50, p95, p99}`` (quantiles interpolated within the
   histogram's buckets, as Prometheus' ``histogram_quantile``; ``null`` before any observation),
   plus ``queue_depth`` and ``slots_open`` now;
 - ``latencies``: the key latency of each enabled kind (:data:`_LATENCIES`), ``{kind, name, what,
   ms, counts}``: voice time to first audio, duplex step time (``counts``: steps, late and missed
   steps, start lateness p99 in ms), world event to chunk, robot request; ``ms`` as above.
+
+:func:`app_status` is this process's document. A Ray Serve replica serves a cluster-wide one
+built from every replica's (``realtime.scale.views``): the same fields, summed across replicas,
+with the stages and latencies computed from the replicas' merged metric families
+(:func:`server_status` takes ``families`` for that) and a ``replicas`` list.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.samples import Sample
+
+from realtime import __version__
 
 # engine histogram family -> (status field, scale to the field's unit)
 _HISTOGRAMS = {
@@ -72,6 +81,7 @@ class KindStatus:
     evicted: int = 0
     expired: int = 0
     rejected: int = 0
+    unavailable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +165,7 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     return lower
 
 
-def _families(registry: CollectorRegistry) -> dict[str, list[Sample]]:
+def registry_families(registry: CollectorRegistry) -> dict[str, list[Sample]]:
     """Every sample of ``registry``, by metric family name."""
     return {family.name: list(family.samples) for family in registry.collect()}
 
@@ -222,11 +232,12 @@ def key_latencies(families: dict[str, list[Sample]], kinds: Iterable[str]) -> li
     ]
 
 
-def kind_status(kind: Any, websockets: int) -> KindStatus:
-    """One kind's admission figures (``kind.manager`` is ``None`` until the kind started)."""
+def kind_status(kind: Any, websockets: int, unavailable: str | None = None) -> KindStatus:
+    """One kind's admission figures (``kind.manager`` is ``None`` until the kind started, and for
+    an ``unavailable`` kind, never started)."""
     manager = getattr(kind, "manager", None)
     if manager is None:
-        return KindStatus(kind.name, websockets)
+        return KindStatus(kind.name, websockets, unavailable=unavailable)
     s = manager.stats()
     return KindStatus(
         kind=kind.name,
@@ -252,11 +263,14 @@ def server_status(
     open_connections: int,
     max_connections: int,
     kinds: Iterable[KindStatus],
-    registry: CollectorRegistry,
+    registry: CollectorRegistry | None = None,
+    families: dict[str, list[Sample]] | None = None,
 ) -> dict[str, Any]:
-    """The ``/v1/status`` document (module docstring)."""
+    """The ``/v1/status`` document (module docstring), from ``registry`` or its ``families``."""
     kinds = list(kinds)
-    families = _families(registry)
+    if families is None:
+        assert registry is not None, "server_status needs a registry or its families"
+        families = registry_families(registry)
     return {
         "object": "status",
         "ready": ready,
@@ -271,3 +285,17 @@ def server_status(
         "stages": [asdict(s) for s in stage_statuses(families)],
         "latencies": [asdict(k) for k in key_latencies(families, (k.kind for k in kinds))],
     }
+
+
+def app_status(state: Any) -> dict[str, Any]:
+    """This process's ``/v1/status`` document from the app's state (``realtime.app.AppState``)."""
+    connections = state.context.connections
+    return server_status(
+        ready=state.ready,
+        draining=state.draining,
+        version=__version__,
+        open_connections=state.open_connections(),
+        max_connections=state.max_connections,
+        kinds=[kind_status(k, connections.count(k.name), state.unavailable.get(k.name)) for k in state.kinds],
+        registry=state.context.registry,
+    )

@@ -139,6 +139,12 @@ class TransientError(SessionError):
     code = "busy"
 
 
+class TickInFlightError(TransientError):
+    """A tick was started while another (or a reset) runs: one tick at a time per session."""
+
+    code = "tick_in_flight"
+
+
 class CapacityError(SessionError, ValueError):
     """Startup: the model cannot fit even one session into the available memory."""
 

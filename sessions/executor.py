@@ -10,6 +10,8 @@ A session kind never writes an executor: it hands the session manager a ``StageE
   commits it (transactional tick).
 - ``stream(snapshot)``: the same, for a streaming tick: the stage's chunks, in order, which
   ``Session.stream_tick`` tags with the tick's identity and commits on the last one.
+- ``fence(session_id, epoch)``: ``Session.interrupt`` moved the session on; the runner drops and
+  aborts the session's work of older epochs (``StageRunner.bump_epoch``).
 
 Both run in the session's tick, so reset and close cut them short (the session cancels the
 awaiting task and bumps its epoch).
@@ -51,3 +53,6 @@ class StageExecutor:
                 yield chunk.payload
         finally:  # a tick that ends early (its consumer left) aborts the stage's work now, not at GC
             await chunks.aclose()
+
+    def fence(self, session_id: str, epoch: int) -> None:
+        self.runner.bump_epoch(session_id, epoch)

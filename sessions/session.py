@@ -12,7 +12,12 @@ Contract:
   recognised before any other check, while pending and after application (also after reset).
   An id at or below the floor (the highest event id already snapshotted, in-flight ticks
   included) raises :class:`StaleEventError`; a full queue raises :class:`EventQueueFullError`.
-- ``await next_tick(payload)`` is serialised per session. It snapshots the pending events
+- ``await next_tick(payload)`` runs one tick. It belongs to the epoch current when
+  ``next_tick`` is *called* (the session's owner calls it in its runner; the awaiting may start
+  later, in a child task): an interrupt, reset or close in between drops it unstarted
+  (:class:`TickSupersededError`). One tick runs at a time: a tick started while another (or a
+  reset) is in flight is refused with :class:`TickInFlightError` (transient; the session goes
+  on). The tick snapshots the pending events
   (sorted by id), the sticky prompt (newest event's prompt wins) and the reducer's prepared
   controls, runs the snapshot through the executor, requires ``result.metadata ==
   snapshot.metadata`` and then commits in one synchronous step (reducer commit, pop applied
@@ -27,9 +32,15 @@ Contract:
   the caller sees the error, so only the caller's own cancels surface as ``CancelledError``.
 - ``stream_tick(payload)`` is the streaming form (an async iterator; voice responses): the
   executor's ``stream(snapshot)`` chunks come out as :class:`~sessions.tick.TickChunk` (the tick's
-  metadata, a ``seq`` from 0, the value); the tick commits after the last chunk, exactly as
-  ``next_tick`` commits its one result. A reset, close or failure while it streams raises
-  :class:`TickSupersededError` from the iterator and commits nothing.
+  metadata, a ``seq`` from 0, the tick's ``epoch``, the value); the tick commits after the last
+  chunk, exactly as ``next_tick`` commits its one result. A reset, close, interrupt or failure
+  while it streams raises :class:`TickSupersededError` from the iterator and commits nothing.
+- ``interrupt()`` is the one call of a barge-in or a client's cancel: it bumps ``epoch``, cuts
+  the tick in flight and fences the executor's stage runner (its work of older epochs is dropped
+  and aborted). Output queued with an older epoch is never sent (the connection's outbound queue
+  reads this epoch). Nothing else changes.
+- ``submit(runner, payload)`` is side work of the session outside its ticks (the voice kind's
+  VAD and ASR): the payload through a stage runner under the session's id and current epoch.
 - A :class:`~sessions.errors.TransientError` from the executor (a full engine queue) is raised
   as is and does not fail the session: the work was refused before it started.
 - ``await reset()`` (ACTIVE or FAILED): bump ``epoch``, cancel an in-flight tick, discard
@@ -38,9 +49,10 @@ Contract:
   ``reset``. Old event ids stay duplicate or stale.
 - ``_close(reason)`` is the manager's release path (never called by kinds directly).
 
-Only one task owns a session; state is mutated in synchronous sections between awaits, so
-no lock guards state. The only lock serialises ticks (and makes reset wait for the tick it
-cancelled).
+Only one task owns a session (``owner``: the connection whose runner it is; see
+``SessionManager.attach``); state is mutated in synchronous sections between awaits, so no lock
+guards it. ``kind_state`` holds what a kind keeps per session beyond its socket (the duplex
+kind's protocol state), owned the same way.
 """
 
 from __future__ import annotations
@@ -50,10 +62,10 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessions.errors import (
     ChunkMetadataError,
@@ -66,6 +78,7 @@ from sessions.errors import (
     SessionFailedError,
     StaleEventError,
     TickFailedError,
+    TickInFlightError,
     TickSupersededError,
     TransientError,
 )
@@ -75,6 +88,9 @@ from sessions.lifecycle import LifecycleBackend, ReleaseReason
 from sessions.log_context import session_context
 from sessions.reducer import ControlReducer, LatestWinsReducer, PreparedControls
 from sessions.tick import TickChunk, TickExecutor, TickResult, TickSnapshot
+
+if TYPE_CHECKING:
+    from sessions.engine.protocol import StageRunner
 
 log = logging.getLogger("sessions.session")
 
@@ -141,7 +157,7 @@ class Session:
         self._pending: dict[int, SessionEvent] = {}
         self._prompt: str | None = None
         self._controls: dict[str, ControlInput] = {}
-        self._tick_lock = asyncio.Lock()
+        self._ticking: asyncio.Future | None = None  # a tick (or a reset) runs; done when it ends
         self._tick_task: asyncio.Task | None = None  # the task awaiting the executor, while it does
         self._cutting = False  # reset/close cancelled that task; the tick undoes it (superseded)
         self._tick_done: asyncio.Future | None = None  # a close waiting for the executor call to end
@@ -155,6 +171,13 @@ class Session:
         self.lifetime_warned = False
         #: Called once with the seconds left before the maximum lifetime closes the session.
         self.on_lifetime_warning: Callable[[float], None] | None = None
+        #: The connection whose runner owns the session (``SessionManager.attach``); None while
+        #: detached (a resumable kind's dropped socket, waiting for a resume).
+        self.owner: Any = None
+        #: When the session was detached (``SessionManager.detach``); None while attached.
+        self.detached_at: float | None = None
+        #: The kind's per-session state that outlives a socket (duplex: its protocol state).
+        self.kind_state: Any = None
 
     # -- read-only views ------------------------------------------------------------------
     @property
@@ -163,7 +186,7 @@ class Session:
 
     @property
     def epoch(self) -> int:
-        """Fence for tracked work: bumped by reset, close and failure."""
+        """The session's one fence: bumped by interrupt, reset, close and failure."""
         return self._epoch
 
     @property
@@ -226,18 +249,17 @@ class Session:
         return EventAcceptance.ACCEPTED
 
     # -- ticks ----------------------------------------------------------------------------
-    async def next_tick(self, payload: Any = None) -> TickResult:
-        """Run one transactional tick; returns the executor's result once committed.
+    def next_tick(self, payload: Any = None) -> Coroutine[Any, Any, TickResult]:
+        """One transactional tick; awaiting it returns the executor's result once committed.
 
-        A tick belongs to the epoch it was requested in: one that waited for the tick lock while a
-        reset or interrupt moved the epoch on is dropped before it runs (``TickSupersededError``),
-        never run as the new epoch's tick."""
+        The tick belongs to the epoch of this call: an interrupt, reset or close before it runs
+        drops it unstarted (``TickSupersededError``), never run as the new epoch's tick."""
+        return self._next_tick(payload, self._epoch)
+
+    async def _next_tick(self, payload: Any, epoch: int) -> TickResult:
         self._require_active()
-        lock, epoch = self._tick_lock, self._epoch
-        await lock.acquire()  # not ``async with``: two coroutine frames less on every tick
+        self._begin_tick(epoch)
         try:
-            self._require_active()
-            self._check_not_superseded_while_waiting(epoch)
             self.touch()
             snapshot, prepared = await self._prepare(payload)
             try:
@@ -263,19 +285,19 @@ class Session:
             await self._commit_tick(snapshot, prepared)
             return result
         finally:
-            lock.release()
+            self._end_tick()
 
-    async def stream_tick(self, payload: Any = None) -> AsyncIterator[TickChunk]:
-        """Run one streaming tick: yield its chunks, each tagged with the tick's identity; commit
-        after the last one (see the module contract). The caller must iterate to the end: leaving
-        early counts as a cancelled tick (the session fails). Like :meth:`next_tick`, a tick
-        superseded while it waited for the lock is dropped before it runs."""
+    def stream_tick(self, payload: Any = None) -> AsyncIterator[TickChunk]:
+        """One streaming tick: its chunks, each tagged with the tick's identity and epoch; it
+        commits after the last one (see the module contract). The caller must iterate to the end:
+        leaving early counts as a cancelled tick (the session fails). Like :meth:`next_tick`, the
+        tick belongs to the epoch of this call."""
+        return self._stream_tick(payload, self._epoch)
+
+    async def _stream_tick(self, payload: Any, epoch: int) -> AsyncIterator[TickChunk]:
         self._require_active()
-        lock, epoch = self._tick_lock, self._epoch
-        await lock.acquire()
+        self._begin_tick(epoch)
         try:
-            self._require_active()
-            self._check_not_superseded_while_waiting(epoch)
             self.touch()
             snapshot, prepared = await self._prepare(payload)
             chunks = self._executor.stream(snapshot)
@@ -297,7 +319,7 @@ class Session:
                     if value is _END:
                         break
                     try:
-                        yield TickChunk(snapshot.metadata, seq, value)
+                        yield TickChunk(snapshot.metadata, seq, value, epoch)
                     except GeneratorExit:  # the consumer left early (not a transient refusal)
                         left = True
                         raise
@@ -310,7 +332,32 @@ class Session:
                     await chunks.aclose()
             await self._commit_tick(snapshot, prepared)
         finally:
-            lock.release()
+            self._end_tick()
+
+    def _begin_tick(self, requested_epoch: int) -> None:
+        """Take the session's one tick place (a tick of an older epoch is dropped unstarted)."""
+        if self._epoch != requested_epoch:
+            self._tick_finished("superseded", TickSupersededError.code)
+            raise TickSupersededError(
+                "tick was dropped before it ran: the session was interrupted, reset or closed after it was requested"
+            )
+        if self._ticking is not None:
+            self._tick_finished("rejected", TickInFlightError.code)
+            raise TickInFlightError(f"session {self.session_id} already runs a tick")
+        self._ticking = asyncio.get_running_loop().create_future()
+
+    def _end_tick(self) -> None:
+        done, self._ticking = self._ticking, None
+        if done is not None and not done.done():
+            done.set_result(None)
+
+    def submit(self, runner: StageRunner, payload: Any) -> Awaitable[Any]:
+        """Side work of the session outside its ticks (the voice kind's VAD and ASR): ``payload``
+        through ``runner`` (open for this session) under the session's id and current epoch.
+        Nothing is committed; the runner raises its typed errors (a full queue is transient).
+        Allowed while ACTIVE or FAILED (input goes on while a failed tick waits for its reset)."""
+        self._require_resettable()
+        return runner.submit(self.session_id, self._epoch, payload)
 
     async def _prepare(self, payload: Any) -> tuple[TickSnapshot, PreparedControls]:
         try:
@@ -434,13 +481,6 @@ class Session:
         if self._on_tick is not None:
             self._on_tick(self, outcome, code)
 
-    def _check_not_superseded_while_waiting(self, requested_epoch: int) -> None:
-        if self._epoch != requested_epoch:
-            self._tick_finished("superseded", TickSupersededError.code)
-            raise TickSupersededError(
-                "tick was dropped before it ran: the session was reset or interrupted while it waited"
-            )
-
     def _superseded(self, snapshot: TickSnapshot) -> TickSupersededError:
         self._tick_finished("superseded", TickSupersededError.code)
         return TickSupersededError(
@@ -473,8 +513,11 @@ class Session:
         self._require_resettable()
         self._epoch += 1
         self._cut_tick()
-        async with self._tick_lock:
-            self._require_resettable()
+        while self._ticking is not None:  # the cut tick (or another reset) unwinds first
+            await asyncio.shield(self._ticking)
+        self._require_resettable()
+        self._ticking = asyncio.get_running_loop().create_future()  # no tick runs while it resets
+        try:
             if self._pending:
                 self._floor = max(self._floor, max(self._pending))
             self._pending.clear()
@@ -493,20 +536,26 @@ class Session:
             self.failure = None
             self._set_status(SessionStatus.ACTIVE)
             self.touch()
+        finally:
+            self._end_tick()
 
     def interrupt(self) -> bool:
-        """Supersede the tick in flight, keeping everything else (barge-in, a client's cancel).
+        """Supersede the session's work in flight, keeping everything else: the one call of a
+        barge-in or a client's cancel.
 
-        Bumps ``epoch`` and cuts the tick (it raises :class:`TickSupersededError` and commits
-        nothing); unlike ``reset`` the session keeps its chunk index, prompt, controls, pending
-        events and worker state. Returns False (and changes nothing) when no tick runs.
+        Bumps ``epoch``, cuts the tick in flight (it raises :class:`TickSupersededError` and
+        commits nothing; one requested but not started yet is dropped when it starts) and fences
+        the executor's stage runner (its work of older epochs is dropped and aborted); output
+        queued with an older epoch is never sent. Unlike ``reset`` the session keeps its chunk
+        index, prompt, controls, pending events and worker state (a FAILED one stays FAILED).
+        Returns whether a tick was in flight.
         """
-        self._require_active()
-        if not self._tick_lock.locked():
-            return False
+        self._require_resettable()
+        ticking = self._ticking is not None
         self._epoch += 1
         self._cut_tick()
-        return True
+        self._executor.fence(self.session_id, self._epoch)
+        return ticking
 
     async def _close(self, reason: ReleaseReason) -> SessionStatus:
         """The one release path: CLOSING, cancel the tick, release; CLOSED or CLEANUP_FAILED."""

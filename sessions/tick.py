@@ -8,7 +8,7 @@ Contract (architecture invariant 3; vllm-omni seed reference §2.3-2.5):
   an opaque ``payload`` (a robot observation; the kind must not mutate it). ``chunk_index == 0``
   means fresh worker state (first tick after create or reset).
 - A :class:`TickExecutor` runs ticks (``sessions.executor.StageExecutor`` is the one production
-  executor): ``await execute(snapshot)`` returns any
+  executor) and is fenced by interrupts (``fence``): ``await execute(snapshot)`` returns any
   object with a ``metadata`` attribute (:class:`TickOutput` is the ready-made one). The session
   commits only if ``result.metadata == snapshot.metadata`` exactly; anything else fails the
   session. Executors run model compute off the event loop (normally through the stage engine).
@@ -96,11 +96,13 @@ class TickOutput(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class TickChunk(Generic[T]):
-    """One chunk of a streaming tick: the tick's identity, its position and the kind's value."""
+    """One chunk of a streaming tick: the tick's identity, its position, the kind's value and the
+    tick's epoch (send its output with it: an interrupt makes queued output of it stale)."""
 
     metadata: TickMetadata
     seq: int
     value: T
+    epoch: int = 0
 
 
 class TickResult(Protocol):
@@ -115,4 +117,8 @@ class TickExecutor(Protocol):
 
     def stream(self, snapshot: TickSnapshot) -> AsyncIterator[Any]:
         """Run one streaming tick: its chunks' values in order (``Session.stream_tick``)."""
+        ...
+
+    def fence(self, session_id: str, epoch: int) -> None:
+        """``Session.interrupt`` moved the session to ``epoch``: drop and abort older work."""
         ...

@@ -136,7 +136,7 @@ class RTCState:
         if overlap <= 0:
             return None
         frozen = min(delay, overlap)
-        target = np.zeros((self.horizon, self.action_dim), np.float32)
+        target = np.zeros((self.horizon, self.prev.shape[1]), np.float32)  # the robot's dims
         target[:overlap] = self.prev[executed:]
         weights = prefix_weights(frozen, overlap, self.horizon, options.schedule)
         return Guide(target, weights, frozen, float(options.max_guidance_weight))

@@ -12,5 +12,7 @@ One readable file per part:
 - ``model.py``     ``WorldModel``: resident sessions, batched transactional ``generate`` / ``decode``
 - ``stage.py``     ``WorldStage``: the model as a stateful stage of the stage engine
 - ``controls.py``  control schemas (``keys``, ``mouse``) -> action vectors
-- ``env.py``       the procedural maze the default is trained on; ``train.py`` the training script
+- ``start_frames.py`` the start latents a session's first block holds (world-tiny ships them)
+- ``training/``     the procedural maze, start-frame rendering and the training script of world-tiny
+                   (no serving module imports it)
 """

@@ -22,22 +22,19 @@ came one whole DiT block late. The block stage records an event after each forwa
 
 Both carry the input's ``extra`` (opaque to the model: the kind's media settings) through.
 
-Stage timing (:class:`BlockTimings`, always on): the block stage marks the start and end of each
-DiT forward of its batch (the denoise passes, then the clean pass) with CUDA events on CUDA and
-host clocks on the CPU, and keeps its last forward's end mark, so a block also tells the DiT
-stream's time between the previous forward and its own (``gap_ms``: the work between them, and
-any idle while the host had not launched this one yet); the decode stage marks its decoder
-forward and its device-to-host copy the same way and reads every mark only after the copy's wait, the one point where this path
-already waits for the GPU (the DiT's marks precede the ``ready`` event the decode stream waited
-for), so timing adds no synchronisation. The frames land in pinned host memory, copied without a
-wait per session.
+Stage timing goes through the model's profiler (``models.world.profiling``, off by default): the
+block stage collects the marks its forward's DiT passes make and keeps its last forward's, so a
+block also tells the DiT stream's time between the previous forward and its own; the decode stage
+marks its decoder forward and its device-to-host copy and turns a block's marks into
+``BlockTimings`` after the copy's wait, the one point where this path already waits for the GPU.
+The frames land in pinned host memory, copied without a wait per session.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,45 +42,10 @@ from torch import Tensor
 
 from models.stage import StageItem
 from models.world.controls import KEYS_TRACK, MOUSE_TRACK, action_vector
+from models.world.memory import decoder_state_bytes
 from models.world.model import WorldModel, WorldTick
-from models.world.vae import DecoderState, decoder_state_bytes
-
-Mark = torch.cuda.Event | float  # a recorded CUDA event, or a time.perf_counter() on the CPU
-
-
-def _mark(cuda: bool) -> Mark:
-    """A point in the current stream's work (CUDA event) or now (host clock)."""
-    if not cuda:
-        return time.perf_counter()
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
-
-
-def _ms(start: Mark, end: Mark) -> float:
-    """Milliseconds between two marks; CUDA marks must have completed (no wait here)."""
-    if isinstance(start, float):
-        return (end - start) * 1000.0  # type: ignore[operator]
-    return float(start.elapsed_time(end))  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class BlockTimings:
-    """Where one block's time went inside the model stages (device time on CUDA, host time on
-    the CPU). ``started_at`` is ``time.monotonic()`` when the block stage's forward began, i.e.
-    when the engine picked the batch: the kind measures the queue wait up to it."""
-
-    started_at: float
-    # host time of the block stage's forward: queueing the DiT's work (CUDA), doing it (CPU)
-    launch_ms: float
-    # the DiT stream from the previous forward's clean pass to this forward's first pass: the
-    # KV commit and gather, inputs and noise, plus any idle while the host had not launched it
-    # (0 for the stage's first forward)
-    gap_ms: float
-    denoise_ms: float  # the staged denoise passes (with the re-noising between them)
-    clean_ms: float  # the committing clean pass
-    decode_ms: float  # the VAE decoder forward (with the uint8 conversion)
-    d2h_ms: float  # the frames' copy to host memory
+from models.world.profiling import BlockTimings, Marks, block_timings
+from models.world.vae import DecoderState
 
 
 @dataclass(frozen=True)
@@ -102,8 +64,8 @@ class WorldBlock:
     extra: Any = None
     ready: torch.cuda.Event | None = None  # CUDA: recorded after the forward that made ``latent``
     started_at: float = 0.0  # time.monotonic() when the forward began
-    passes: tuple[Mark, ...] = ()  # (start, end) of each DiT forward: denoise passes, then clean
-    previous_end: Mark | None = None  # the end of the stage's forward before this one (its clean pass)
+    marks: Marks = field(default_factory=dict)  # the DiT forward's profiler marks (empty when off)
+    previous: Marks | None = None  # those of the stage's forward before this one
 
 
 @dataclass(frozen=True)
@@ -139,23 +101,12 @@ def world_input(snapshot: Any) -> WorldBlockInput:
 
 
 class WorldBlockStage:
-    """``high_priority`` (CUDA): the DiT's passes run on a stream of the device's highest priority,
-    so when the decoder's kernels (on their own stream) and the next DiT kernel both wait for SMs,
-    the DiT's go first and the decoder fills the SMs the DiT leaves idle (its kernels' last waves,
-    the gaps between them); otherwise both streams share the SMs as they come."""
-
-    def __init__(
-        self, model: WorldModel, name: str = "world-dit", device: str = "cpu", high_priority: bool = False
-    ) -> None:
+    def __init__(self, model: WorldModel, name: str = "world-dit", device: str = "cpu") -> None:
         self.model = model
         self.name = name
         self.device = device
         self.slot_capacity = model.pool.slots
-        self._last_end: Mark | None = None  # the last forward's last mark (BlockTimings.gap_ms)
-        self._stream = None
-        if high_priority and model.pool.k.is_cuda:
-            # torch maps a priority past the device's range to its highest (lower = higher)
-            self._stream = torch.cuda.Stream(model.pool.k.device, priority=-(2**10))
+        self._last_marks: Marks | None = None  # the last forward's (BlockTimings.gap_ms)
 
     def state_bytes(self) -> int:
         return self.model.pool.geometry.bytes_per_session
@@ -168,31 +119,22 @@ class WorldBlockStage:
         self.model.release(session_id)
 
     def forward(self, items: Sequence[StageItem]) -> list[WorldBlock]:
-        if self._stream is None:
-            return self._forward(items)
-        self._stream.wait_stream(torch.cuda.current_stream())  # whatever this thread queued before
-        with torch.cuda.stream(self._stream):
-            return self._forward(items)
-
-    def _forward(self, items: Sequence[StageItem]) -> list[WorldBlock]:
         started_at, t0 = time.monotonic(), time.perf_counter()
         inputs: list[WorldBlockInput] = [item.payload for item in items]
         for inp in inputs:
             if inp.tick.block == 0:
                 self.model.reset(inp.tick.session_id, seed=inp.seed)
-        cuda = self.model.pool.k.is_cuda
-        marks: list[Mark] = []
-        latents = self.model.generate([inp.tick for inp in inputs], mark=lambda: marks.append(_mark(cuda)))
+        with self.model.profiler.collect() as marks:
+            latents = self.model.generate([inp.tick for inp in inputs])
         ready = None
         if latents.is_cuda:
             ready = torch.cuda.Event()
             ready.record()
         ms = (time.perf_counter() - t0) * 1000.0
-        passes, previous_end = tuple(marks), self._last_end
-        self._last_end = marks[-1] if marks else None
+        previous, self._last_marks = self._last_marks, marks
         return [
             WorldBlock(
-                latents[i], inp.tick.block, ms, len(items), inp.extra, ready, started_at, passes, previous_end
+                latents[i], inp.tick.block, ms, len(items), inp.extra, ready, started_at, marks, previous
             )
             for i, inp in enumerate(inputs)
         ]
@@ -232,28 +174,36 @@ class WorldDecodeStage:
 
     def _forward(self, items: Sequence[StageItem]) -> list[WorldFrames]:
         t0 = time.perf_counter()
-        cuda = self._stream is not None
-        start = _mark(cuda)  # on CUDA after the wait for the DiT: the decoder's own time
+        profiler = self.model.profiler
         blocks: list[WorldBlock] = [item.payload for item in items]
-        for item, block in zip(items, blocks, strict=True):
-            if block.block == 0:  # a fresh world: a fresh temporal cache
-                self._states[item.slot] = self.model.init_decoder_state()
-        states = [self._states[item.slot] for item in items]
-        latents = blocks[0].latent.new_empty((len(blocks), *blocks[0].latent.shape))
-        for i, block in enumerate(blocks):
-            latents[i] = block.latent
-        frames, after = self.model.decode_blocks(latents, states, host=False)
-        decoded = _mark(cuda)
-        frames = [_to_host(f) for f in frames]
-        copied = _mark(cuda)
-        if isinstance(copied, torch.cuda.Event):
-            copied.synchronize()  # the frames must be on the host: the wait this stage always had
+        with profiler.collect() as marks:
+            profiler.mark("decode")  # on CUDA after the wait for the DiT: the decoder's own time
+            for item, block in zip(items, blocks, strict=True):
+                if block.block == 0:  # a fresh world: a fresh temporal cache
+                    self._states[item.slot] = self.model.init_decoder_state()
+            states = [self._states[item.slot] for item in items]
+            latents = blocks[0].latent.new_empty((len(blocks), *blocks[0].latent.shape))
+            for i, block in enumerate(blocks):
+                latents[i] = block.latent
+            frames, after = self.model.decode_blocks(latents, states, host=False)
+            profiler.mark("decoded")
+            frames = [_to_host(f) for f in frames]
+            profiler.mark("copied")
+        if self._stream is not None:
+            self._stream.synchronize()  # the frames must be on the host: the wait this stage always had
         for item, state in zip(items, after, strict=True):  # commit: the forward succeeded
             self._states[item.slot] = state
         ms = (time.perf_counter() - t0) * 1000.0
-        decode_ms, d2h_ms = _ms(start, decoded), _ms(decoded, copied)
         return [
-            WorldFrames(f, b.block, b.forward_ms, ms, b.batch_size, b.extra, _timings(b, decode_ms, d2h_ms))
+            WorldFrames(
+                f,
+                b.block,
+                b.forward_ms,
+                ms,
+                b.batch_size,
+                b.extra,
+                block_timings(b.started_at, b.forward_ms, b.marks, b.previous, marks),
+            )
             for f, b in zip(frames, blocks, strict=True)
         ]
 
@@ -264,22 +214,3 @@ def _to_host(frames: Tensor) -> Tensor:
         return frames.contiguous()
     host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
     return host.copy_(frames, non_blocking=True)
-
-
-def _timings(block: WorldBlock, decode_ms: float, d2h_ms: float) -> BlockTimings | None:
-    """The block's stage times, once its marks have completed; ``None`` without the DiT's marks
-    (a block made outside :class:`WorldBlockStage`)."""
-    marks = block.passes
-    if len(marks) < 4:
-        return None
-    # marks: start, end of each DiT forward; the last forward is the clean pass
-    gap_ms = 0.0 if block.previous_end is None else max(0.0, _ms(block.previous_end, marks[0]))
-    return BlockTimings(
-        block.started_at,
-        block.forward_ms,
-        gap_ms,
-        _ms(marks[0], marks[-3]),
-        _ms(marks[-2], marks[-1]),
-        decode_ms,
-        d2h_ms,
-    )

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from prometheus_client import CollectorRegistry
 
+from realtime.bench.goals import goal_note
 from sessions.engine import StageEngine
 
 
@@ -139,6 +140,11 @@ async def run(
 
     await asyncio.gather(*(session(sid) for sid in ids))
     await engine.close()
+    if not latencies:
+        raise SystemExit(
+            f"realtime bench engine: no tick of '{label}' both started and ended within the measured "
+            f"{duration_s:g} s: raise --duration"
+        )
     labels = {"stage": stage.name}
     count = registry.get_sample_value("engine_batch_size_count", labels) or 1
     total = registry.get_sample_value("engine_batch_size_sum", labels) or 0
@@ -205,9 +211,10 @@ def _bench(args: argparse.Namespace) -> int:
         )
     throughput_ratio = batched.ticks_per_s / unbatched.ticks_per_s
     p99_ratio = batched.p99_ms / single.p50_ms
+    throughput_goal, p99_goal = goal_note("engine", "throughput_ratio"), goal_note("engine", "p99_ratio")
     print(
-        f"ratios at {n} sessions: throughput batched/unbatched = {throughput_ratio:.2f}x (goal >= 3); "
-        f"p99 batched / single-session p50 = {p99_ratio:.2f}x (goal <= 2); "
+        f"ratios at {n} sessions: throughput batched/unbatched = {throughput_ratio:.2f}x{throughput_goal}; "
+        f"p99 batched / single-session p50 = {p99_ratio:.2f}x{p99_goal}; "
         f"unbatched p99 / single = {unbatched.p99_ms / single.p50_ms:.2f}x; "
         f"random-phase p99 / single = {random_phases.p99_ms / single.p50_ms:.2f}x"
     )

@@ -5,7 +5,7 @@ the first turn's resident KV vs the same turn re-prefilled from scratch.
 The model is a random-weight Qwen2 at ``--shape`` (default ``qwen2.5-0.5b``: hidden 896, 24
 layers, 14 heads / 2 KV heads, intermediate 4864, vocab 151936; random weights at a real shape
 give real timings), drawn on ``--device``, with a BPE tokenizer trained locally
-(``models/voice/random_chat_model.py``, ``text_only``: greedy replies never hit EOS and stream one
+(``realtime/bench/random_chat_model.py``, ``text_only``: greedy replies never hit EOS and stream one
 piece per token), or a real checkpoint (``--model-dir``; its replies may end early at EOS).
 ``--dtype auto`` is bfloat16 on CUDA and float32 on the CPU.
 
@@ -340,7 +340,7 @@ def model_dir(args: argparse.Namespace, dtype: Any) -> Iterator[Path]:
     if args.model_dir:
         yield Path(args.model_dir)
         return
-    from models.voice.random_chat_model import SHAPES, build_random_chat_model
+    from realtime.bench.random_chat_model import SHAPES, build_random_chat_model
 
     with tempfile.TemporaryDirectory(prefix="bench-llm-") as tmp:
         yield build_random_chat_model(

@@ -3,7 +3,8 @@
 Both servers run as their own processes on loopback, each serving a policy built by
 ``realtime.kinds.robot.build_policy`` (openpi-server through :class:`OpenPIPolicy`, the
 ``BasePolicy`` adapter doing ``prepare`` + a batch-of-one ``infer``), with the same torch thread
-count. Clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this process.
+count. Clients are :class:`~realtime.bench.openpi_robot.OpenPIRobot` on threads of this process (the
+calls ``openpi_client.WebsocketClientPolicy`` makes, plus a public ``close``).
 
 (a) Round-trip overhead: one client, the trivial ``zeros`` policy, LIBERO (2x224x224x3 uint8 +
     state + prompt) and ALOHA (4x3x224x224 uint8 + state) observations; blocks of 10 requests
@@ -14,8 +15,9 @@ count. Clients are the real ``openpi_client.WebsocketClientPolicy`` on threads o
     ratio is the median of the rounds' ratios; each round's ratio is printed.
 (a') The same with the embedded pi0-tiny policy (LIBERO), for reference: the overhead a real
     forward sees.
-(b) Throughput: 8 concurrent clients with the embedded pi0-tiny policy for a fixed time. Goal:
-    aggregate chunks/s >= 3x openpi-server's with lower p99 latency.
+(b) Throughput: 8 concurrent clients with the embedded pi0-tiny policy for a fixed time. Goals
+    (issue 30, one H200): ``throughput_ratio_8`` (ours / peer chunks/s) and ``p99_ratio_8`` as in
+    :data:`realtime.bench.goals.GOALS`, which every goal this bench prints comes from.
 
 (c) Idle robots: one active client with the embedded pi0-tiny (LIBERO) alone, then with 7 more
     clients connected that each sent one request and went silent (between episodes, at a
@@ -27,11 +29,15 @@ count. Clients are the real ``openpi_client.WebsocketClientPolicy`` on threads o
 ``--device`` (``auto``, ``cpu`` or ``cuda``) is ``robot.device`` for both servers' pi0-tiny (the
 trivial policy of (a) always runs on the CPU). On a GPU machine, one run of the defaults takes
 about a minute: ``realtime bench robot --device cuda``. ``--policy pi0-shaped`` runs (a'), (b)
-and (c) with pi0 at its real shapes (``models.policy.pi0_tiny.PI0_SHAPED``, bf16, CUDA graphs in
+and (c) with pi0 at its real shapes (``realtime.kinds.robot`` builds ``models.policy.pi0.PI0``, bf16, CUDA graphs in
 both servers: the same policy objects); ``--clients 8,32`` measures (b) at each count and
 ``--parts`` picks the sections, e.g. the GPU-issue run
 ``realtime bench robot --device cuda --policy pi0-shaped --parts a',b --clients 8,32 --max-batch 32``.
-``--fp8`` (``robot.fp8``) runs pi0's layer matmuls in FP8 in both servers (``models/fp8.py``).
+``--policy pi0 --checkpoint PATH`` (or ``pi0.5``) serves a checkpoint folder in both servers
+(``robot.checkpoint``; ``--tokenizer`` for ``robot.tokenizer``); ``--write-checkpoint`` first
+writes a random-weight one at the real size in openpi's layout into PATH (LIBERO assets, a
+stand-in tokenizer: ``models.policy.checkpoint_writer.write_random_openpi``), e.g.
+``realtime bench robot --device cuda --policy pi0 --checkpoint /tmp/pi0 --write-checkpoint --parts a',b``.
 
 The last line is JSON: ``overhead_ratio_libero``, ``overhead_ratio_aloha`` (ours / peer p50
 round trip, median over rounds), ``throughput_ratio_8`` (ours / peer chunks/s) with
@@ -64,7 +70,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from models.policy import examples
+from realtime.bench import examples
+from realtime.bench.goals import goal_note
 
 
 class OpenPIPolicy:
@@ -140,15 +147,47 @@ def ours(policy: str, threads: int, robot: Mapping[str, Any] | None = None) -> I
 
 
 @contextlib.contextmanager
-def peer(policy: str, threads: int, device: str = "auto", fp8: bool = False) -> Iterator[str]:
+def peer(
+    policy: str, threads: int, device: str = "auto", files: Mapping[str, str] | None = None
+) -> Iterator[str]:
+    """openpi-server serving ``policy``; ``files``: its ``robot.checkpoint`` / ``robot.tokenizer``."""
     port = _free_port()
     cmd = [sys.executable, "-m", "realtime.bench.robot", "--serve-peer", policy, "--port", str(port)]
-    cmd += ["--torch-threads", str(threads), "--device", device] + (["--fp8"] if fp8 else [])
+    cmd += [
+        "--torch-threads",
+        str(threads),
+        "--device",
+        device,
+        "--robot-files",
+        json.dumps(dict(files or {})),
+    ]
     with _process(cmd, f"http://127.0.0.1:{port}/healthz"):
         yield f"ws://127.0.0.1:{port}"
 
 
-def serve_peer(policy: str, port: int, threads: int, device: str, fp8: bool = False) -> int:
+def _files(robot: Mapping[str, Any]) -> dict[str, str]:
+    return {k: robot[k] for k in ("checkpoint", "tokenizer") if k in robot}
+
+
+def write_checkpoint(policy: str, folder: str, device: str) -> None:
+    """A random-weight pi0 / pi0.5 checkpoint at the real size in openpi's layout (bf16 on CUDA)."""
+    from dataclasses import replace
+
+    import torch
+
+    from models.policy.checkpoint_writer import write_random_openpi
+    from models.policy.pi0 import PI0, PI05
+
+    on = "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
+    config = PI05 if policy == "pi0.5" else PI0
+    dtype = "bfloat16" if on == "cuda" else "float32"
+    print(f"writing a random {policy} checkpoint ({dtype}, openpi layout, LIBERO) to {folder}")
+    write_random_openpi(folder, replace(config, dtype=dtype), "libero", on)
+    if on == "cuda":
+        torch.cuda.empty_cache()
+
+
+def serve_peer(policy: str, port: int, threads: int, device: str, files: Mapping[str, str]) -> int:
     """Child process: openpi-server 0.1.0 serving our policy object."""
     import torch
     from openpi_server import WebsocketPolicyServer
@@ -157,7 +196,7 @@ def serve_peer(policy: str, port: int, threads: int, device: str, fp8: bool = Fa
     from realtime.kinds.robot import build_policy, handshake_metadata
 
     torch.set_num_threads(threads)
-    config = RobotConfig(policy=policy, device=device, fp8=fp8)
+    config = RobotConfig(policy=policy, device=device, **files)
     built = build_policy(config)
     built.warmup(1)
     server = WebsocketPolicyServer(
@@ -168,9 +207,9 @@ def serve_peer(policy: str, port: int, threads: int, device: str, fp8: bool = Fa
 
 
 def _client(url: str):
-    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+    from realtime.bench.openpi_robot import OpenPIRobot
 
-    return WebsocketClientPolicy(url)
+    return OpenPIRobot(url)
 
 
 def _round_trips(client: Any, obs: dict, n: int, timings: list | None = None) -> list[float]:
@@ -195,7 +234,7 @@ def overhead(url_ours: str, url_peer: str, obs: dict, requests: int, blocks: int
         for name, client in clients.items():
             samples[name] += _round_trips(client, obs, requests // blocks)
     for client in clients.values():
-        client._ws.close()
+        client.close()
     return samples
 
 
@@ -224,7 +263,7 @@ def throughput(url: str, clients: int, seconds: float) -> tuple[float, list[floa
         t.join()
     elapsed = time.perf_counter() - start
     for robot in robots:
-        robot._ws.close()
+        robot.close()
     flat = [x for per in latencies for x in per]
     return len(flat) / elapsed, flat, timings
 
@@ -247,20 +286,20 @@ def idle_robots(url: str, requests: int, rounds: int) -> dict[str, list[float]]:
         time.sleep(PAUSE_S)
         samples["paused"] += _round_trips(active, obs, per_block)
         for robot in paused:
-            robot._ws.close()
-    active._ws.close()
+            robot.close()
+    active.close()
     return samples
 
 
-PEER_EXTRA = "pip install 'realtime-sessions[test]' typing_extensions"
+PEER_EXTRA = "pip install 'realtime-sessions[test]'"
 
 
 def missing_peer() -> str | None:
-    """One line naming what this bench needs and lacks (openpi-server is the peer, openpi-client
-    the robots; both are in the ``test`` extra, and openpi-client 0.1.2 imports the undeclared
-    ``typing_extensions``), or ``None`` when everything imports."""
+    """One line naming what this bench needs and lacks (openpi-server is the peer, openpi-client's
+    msgpack-numpy codec the robots'; both are in the ``test`` extra), or ``None`` when everything
+    imports."""
     try:
-        import openpi_client.websocket_client_policy  # noqa: F401
+        import openpi_client.msgpack_numpy  # noqa: F401
         import openpi_server  # noqa: F401
     except ImportError as exc:
         return f"realtime bench robot: needs {exc.name or 'openpi-client and openpi-server'}: {PEER_EXTRA}"
@@ -314,8 +353,9 @@ def trivial_overhead(requests: int, rounds_n: int, threads: int) -> dict[str, An
         results[f"{name}_p50_ms"] = {who: round(_ms(pooled[name][who], 50), 3) for who in ("ours", "peer")}
         print(f"{name}: ours / openpi-server p50 per round: {results[f'overhead_rounds_{name}']}")
     print(
-        f"ratios: overhead libero {results['overhead_ratio_libero']}x, "
-        f"aloha {results['overhead_ratio_aloha']}x (goal <= 1.1)"
+        f"ratios: overhead libero {results['overhead_ratio_libero']}x"
+        f"{goal_note('robot', 'overhead_ratio_libero')}, "
+        f"aloha {results['overhead_ratio_aloha']}x{goal_note('robot', 'overhead_ratio_aloha')}"
     )
     return results
 
@@ -324,12 +364,12 @@ def concurrent(
     policy: str, clients: int, seconds: float, threads: int, device: str, robot: Mapping[str, Any]
 ) -> dict[str, Any]:
     """(b): ``clients`` robots at once for ``seconds``, ours (batched) vs openpi-server (serial);
-    ``robot`` (ours' config overrides) also says the policy's ``fp8`` for both."""
+    ``robot`` (ours' config overrides) also names the checkpoint files both serve."""
     print(f"(b) {clients} concurrent clients, {policy}, {seconds:g} s each")
     print(f"{'server':<14} {'chunks/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'forward ms':>11} {'mean batch':>11}")
     figures, results = {}, {}
     servers = (
-        ("peer", lambda: peer(policy, threads, device, robot.get("fp8", False))),
+        ("peer", lambda: peer(policy, threads, device, _files(robot))),
         ("ours", lambda: ours(policy, threads, robot)),
     )
     for who, serve in servers:
@@ -354,7 +394,8 @@ def concurrent(
         "peer": round(figures["peer"][0], 1),
     }
     print(
-        f"throughput at {clients} clients {results[f'throughput_ratio_{clients}']}x (goal >= 3) "
+        f"throughput at {clients} clients {results[f'throughput_ratio_{clients}']}x"
+        f"{goal_note('robot', f'throughput_ratio_{clients}')} "
         f"with p99 {figures['ours'][2]:.1f} vs {figures['peer'][2]:.1f} ms"
     )
     return results
@@ -379,7 +420,7 @@ def idle_section(
             f"{ratio:6.2f}"
         )
     results["idle_p50_ms"] = idle_p50
-    print(f"idle robots: p50 ratio {results['idle_p50_ratio']}x (goal <= 1.1)")
+    print(f"idle robots: p50 ratio {results['idle_p50_ratio']}x{goal_note('robot', 'idle_p50_ratio')}")
     return results
 
 
@@ -398,9 +439,16 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--policy",
-        choices=["pi0-tiny", "pi0-shaped"],
+        choices=["pi0-tiny", "pi0-shaped", "pi0", "pi0.5"],
         default="pi0-tiny",
-        help="the policy of (a'), (b) and (c) for both servers",
+        help="the policy of (a'), (b) and (c) for both servers (pi0, pi0.5: --checkpoint)",
+    )
+    parser.add_argument("--checkpoint", default="", help="robot.checkpoint: a pi0 / pi0.5 checkpoint folder")
+    parser.add_argument("--tokenizer", default="", help="robot.tokenizer (default: in the checkpoint folder)")
+    parser.add_argument(
+        "--write-checkpoint",
+        action="store_true",
+        help="first write a random real-size checkpoint in openpi's layout into --checkpoint",
     )
     parser.add_argument(
         "--parts", default="a,a',b,c", help="sections to run (comma list of a, a', b, c; default all)"
@@ -425,11 +473,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--idle-rounds", type=int, default=4, help="(c): alternating blocks per case")
     parser.add_argument(
-        "--fp8",
-        action="store_true",
-        help="robot.fp8 for pi0 in (a'), (b), (c): FP8 layer matmuls, both servers",
+        "--serve-peer", choices=["zeros", "pi0-tiny", "pi0-shaped", "pi0", "pi0.5"], help=argparse.SUPPRESS
     )
-    parser.add_argument("--serve-peer", choices=["zeros", "pi0-tiny", "pi0-shaped"], help=argparse.SUPPRESS)
+    parser.add_argument("--robot-files", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     missing = missing_peer()
@@ -437,13 +483,19 @@ def main(argv: list[str]) -> int:
         print(missing, file=sys.stderr)
         return 2
     if args.serve_peer:
-        return serve_peer(args.serve_peer, args.port, args.torch_threads, args.device, args.fp8)
+        return serve_peer(
+            args.serve_peer, args.port, args.torch_threads, args.device, json.loads(args.robot_files)
+        )
+    if args.policy in ("pi0", "pi0.5") and not args.checkpoint:
+        parser.error(f"--policy {args.policy} needs --checkpoint")
+    if args.write_checkpoint:
+        write_checkpoint(args.policy, args.checkpoint, args.device)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     threads = args.torch_threads
     device = _describe_device(args.device)
     print(
         f"robot bench: ours (realtime serve) vs openpi-server 0.1.0, same policy objects, loopback, "
-        f"torch threads={threads}, cpu count={os.cpu_count()}, {args.policy}{' (FP8)' if args.fp8 else ''} device={device}"
+        f"torch threads={threads}, cpu count={os.cpu_count()}, {args.policy} device={device}"
     )
     results: dict[str, Any] = {}
     parts = set(args.parts.split(","))
@@ -451,7 +503,8 @@ def main(argv: list[str]) -> int:
     if unknown:
         parser.error(f"--parts: unknown sections {sorted(unknown)}")
     counts = [int(n) for n in args.clients.split(",")]
-    robot: dict[str, Any] = {"device": args.device, "fp8": args.fp8}
+    files = {k: v for k, v in (("checkpoint", args.checkpoint), ("tokenizer", args.tokenizer)) if v}
+    robot: dict[str, Any] = {"device": args.device, **files}
     if args.coalesce_window_s is not None:
         robot["coalesce_window_s"] = args.coalesce_window_s
     if args.max_batch is not None:
@@ -460,8 +513,8 @@ def main(argv: list[str]) -> int:
         results.update(trivial_overhead(args.requests, args.rounds, threads))
     if "a'" in parts:
         with (
-            peer(args.policy, threads, args.device, args.fp8) as url_peer,
-            ours(args.policy, threads, {"device": args.device, "fp8": args.fp8}) as url_ours,
+            peer(args.policy, threads, args.device, files) as url_peer,
+            ours(args.policy, threads, {"device": args.device, **files}) as url_ours,
         ):
             samples = overhead(
                 url_ours,
@@ -475,18 +528,22 @@ def main(argv: list[str]) -> int:
         results["overhead_ratio_pi0_libero"] = round(_ms(samples["ours"], 50) / _ms(samples["peer"], 50), 3)
         results["latency_ms_1"] = round(_ms(samples["ours"], 50), 2)
         results["latency_ms_1_peer"] = round(_ms(samples["peer"], 50), 2)
+        print(f"latency_ms_1 {results['latency_ms_1']}{goal_note('robot', 'latency_ms_1')}")
     if "b" in parts:
         for clients in counts:
             results.update(concurrent(args.policy, clients, args.seconds, threads, args.device, robot))
             if "latency_ms_1" in results:
                 p99 = results[f"p99_ms_{clients}"]["ours"]
                 results[f"p99_ratio_{clients}"] = round(p99 / results["latency_ms_1"], 3)
+                key = f"p99_ratio_{clients}"
+                print(f"{key} (p99 / latency_ms_1) {results[key]}{goal_note('robot', key)}")
     if "c" in parts:
         results.update(idle_section(args.policy, threads, robot, args.idle_requests, args.idle_rounds))
     results["device"] = device
     results["clients"] = counts
     results["policy"] = args.policy
-    results["fp8"] = args.fp8
+    if args.checkpoint:
+        results["checkpoint"] = args.checkpoint
     print(json.dumps(results))
     return 0
 

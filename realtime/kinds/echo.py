@@ -5,9 +5,9 @@ docs/adding-a-session-kind.md.
 two-stage pipeline — a self-scheduling streaming stage (``WordStream``) feeding a batched stage
 (``Shout``, batched across sessions) — as one **streaming tick** per message
 (``Session.stream_tick``: every chunk carries the tick's identity, the tick commits on its last
-chunk). ``cancel`` interrupts the tick (``Session.interrupt``: epoch bump, the streaming stage's
-request aborted, nothing committed, no delta of it sent afterwards). Disabled by default
-(``echo.enabled``).
+chunk). ``cancel`` interrupts the tick with one call (``Session.interrupt``: the session's epoch
+moves on, the streaming stage's request is aborted, nothing is committed, and no delta of it
+queued or made afterwards is sent). Disabled by default (``echo.enabled``).
 
 The kind is only this file, its codec (``realtime/protocols/echo.py``) and its model
 (``models/echo/stages.py``): connection plumbing, limits, close codes and release are the
@@ -16,6 +16,7 @@ skeleton's (``realtime.connection``).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from realtime.protocols import echo as proto
 from sessions.engine import Pipeline, StageEngine, StreamingStageEngine
 from sessions.errors import SessionError, TickSupersededError
 from sessions.executor import StageExecutor
+from sessions.tick import TickChunk
 
 PATH = "/v1/realtime/echo"
 
@@ -120,11 +122,13 @@ class _EchoHandler:
                 await conn.send(proto.render("error", code="busy", message="an echo is already streaming"))
                 return
             self.active = True
-            conn.spawn(self._stream(conn, item.text), lambda result, error: result or _Done(-1, 0, error))
+            ticks = session.stream_tick(item.text)  # requested now: a cancel from here on stops it
+            conn.spawn(self._stream(conn, ticks), lambda result, error: result or _Done(-1, 0, error))
         elif isinstance(item, proto.Cancel):
-            if not session.interrupt():
+            if not self.active:
                 await conn.send(proto.render("error", code="not_active", message="no echo is streaming"))
-            conn.epoch += 1  # deltas of the interrupted echo still queued are never sent
+                return
+            session.interrupt()  # the one call: nothing of the echo is committed or sent after it
         elif isinstance(item, _Done):
             self.active = False
             if item.error is None:
@@ -139,18 +143,19 @@ class _EchoHandler:
     async def session_ended(self, conn: Connection, reason: str) -> Close:
         return runtime_close(reason)
 
-    async def _stream(self, conn: Connection, text: str) -> _Done:
-        """The streaming tick, as the runner's child task: each word goes out as it arrives."""
+    async def _stream(self, conn: Connection, ticks: AsyncIterator[TickChunk]) -> _Done:
+        """The streaming tick, as the runner's child task: each word goes out as it arrives,
+        fenced by the tick's epoch."""
         session = conn.session
         assert session is not None
-        chunk_index, words, epoch = session.chunk_index, 0, conn.epoch
+        chunk_index, words = session.chunk_index, 0
         try:
-            async for chunk in session.stream_tick(text):
+            async for chunk in ticks:
                 words += 1
                 meta = chunk.metadata
                 await conn.send(
                     proto.render("echo.delta", chunk_index=meta.chunk_index, seq=chunk.seq, text=chunk.value),
-                    epoch=epoch,
+                    epoch=chunk.epoch,
                 )
         except SessionError as exc:
             return _Done(chunk_index, words, exc)

@@ -36,7 +36,7 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from models.policy.interface import ObservationError, Policy
-from models.policy.pi0_tiny import CONFIGS, Pi0TinyPolicy
+from models.policy.pi0_policy import RANDOM_CONFIGS, Pi0Policy
 from models.policy.presets import check_prompt
 from models.policy.stage import PolicyChunk, PolicyInput, PolicyStage, policy_input
 from models.policy.trivial import ZerosPolicy
@@ -93,17 +93,28 @@ def keep_frame_buffers() -> bool:
 
 
 def build_policy(config: RobotConfig) -> Policy:
-    """The policy ``robot.policy`` names, with its observation preset, seed and device."""
+    """The policy ``robot.policy`` names: random weights (pi0-tiny, pi0-shaped), a checkpoint
+    folder (pi0, pi0.5; checked again here, as at config load), or the zeros policy."""
     preset = None if config.observation_preset == "auto" else config.observation_preset
     limits = {"default_prompt": config.default_prompt, "max_prompt_chars": config.max_prompt_chars}
     if config.policy == "zeros":
         return ZerosPolicy(preset=preset, **limits)
-    return Pi0TinyPolicy(
-        replace(CONFIGS[config.policy], seed=config.seed),
+    device = resolve_device(config.device)
+    checkpoint = config.inspect() if config.policy in ("pi0", "pi0.5") else None
+    base = checkpoint.model if checkpoint else RANDOM_CONFIGS[config.policy]
+    if config.dtype != "auto":
+        dtype = config.dtype
+    elif checkpoint is not None:
+        dtype = "float32" if device == "cpu" else "bfloat16"
+    else:
+        dtype = base.dtype  # pi0-tiny float32, pi0-shaped bfloat16
+    return Pi0Policy(
+        replace(base, seed=config.seed, dtype=dtype),
+        checkpoint=checkpoint,
         preset=preset,
-        device=resolve_device(config.device),
+        device=device,
         cuda_graphs=config.cuda_graphs,
-        fp8=config.fp8,
+        name=config.policy,
         **limits,
     )
 

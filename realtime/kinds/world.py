@@ -42,10 +42,17 @@ from starlette.websockets import WebSocket
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
 from models.world.controls import CONTROL_SCHEMAS, validate_control
 from models.world.kv_cache import KVGeometry
-from models.world.memory import fixed_bytes
+from models.world.memory import decoder_state_bytes, fixed_bytes
 from models.world.model import WorldModel, WorldTick
+from models.world.profiling import OFF, DeviceProfiler
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
-from models.world.vae import decoder_state_bytes
+from models.world.text_encoder import (
+    PrecomputedEmbeddings,
+    PromptEmbedder,
+    UMT5TextEncoder,
+    UnknownPromptError,
+)
+from realtime.config import WorldConfig
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
@@ -57,6 +64,7 @@ from sessions.capacity import CapacityPlan, MemoryDeclaration, paced_capacity, w
 from sessions.engine import Pipeline, PipelineResult, StageEngine
 from sessions.errors import SessionError, TickSupersededError, TransientError
 from sessions.executor import StageExecutor
+from sessions.session import SessionStatus
 from sessions.tick import TickOutput
 
 log = logging.getLogger("realtime.world")
@@ -83,6 +91,21 @@ def resolve_model(name: str, weights: str | None) -> tuple[WorldModelConfig, Pat
         raise ValueError(f"unknown world model {name!r} (known: {', '.join(CONFIGS)})")
     trained = WEIGHTS_DIR / f"{name}.safetensors"
     return (read_config(trained), trained) if trained.is_file() else (CONFIGS[name], None)
+
+
+def prompt_context(wc: WorldConfig, cfg: WorldModelConfig, dtype: torch.dtype) -> PromptEmbedder:
+    """A checkpoint model's prompt embeddings (``models.world.text_encoder``): Wan's umT5 encoder
+    on ``world.device``, or the embeddings file of ``world.prompt_embeddings``; encoded once per
+    prompt while it stays in use (the embedder's LRU)."""
+    if wc.text_encoder:
+        source = UMT5TextEncoder.load(
+            Path(wc.text_encoder), device=wc.device, dtype=dtype, text_len=cfg.text_len
+        )
+    else:
+        source = PrecomputedEmbeddings.load(
+            Path(wc.prompt_embeddings), dim=cfg.text_dim, device=wc.device, dtype=dtype, text_len=cfg.text_len
+        )
+    return PromptEmbedder(source, cfg.text_len)
 
 
 class WorldService(KindServiceBase):
@@ -112,6 +135,18 @@ class WorldService(KindServiceBase):
     def engine(self) -> StageEngine | None:
         """The DiT block engine (the pipeline's first stage, which holds the resident KV)."""
         return self.pipeline.runners[0] if self.pipeline is not None else None  # type: ignore[return-value]
+
+    def unknown_prompt(self, prompt: str | None) -> str | None:
+        """Why ``prompt`` cannot be served, or ``None``: with ``world.prompt_embeddings`` only the
+        file's prompts can (its lookup reads one small tensor; any prompt goes with a text encoder
+        or a model of its own word table)."""
+        if not self.config.prompt_embeddings or self.model is None:
+            return None
+        try:
+            self.model.prompts([prompt])
+        except UnknownPromptError as exc:
+            return str(exc)
+        return None
 
     def routes(self) -> list[BaseRoute]:
         return [WebSocketRoute(PATH, self._endpoint)]
@@ -149,9 +184,11 @@ class WorldService(KindServiceBase):
             torch.set_num_threads(wc.torch_threads)
         progress("plan capacity", 0, 3)
         cfg, weights = resolve_model(wc.model, wc.weights)
+        # a checkpoint model's umT5 source first: what it holds on the device is not free for the plan
+        prompts = prompt_context(wc, cfg, _DTYPES[wc.dtype]) if wc.checkpoint else None
         self.plan = capacity_plan(
             self.ctx.config.runtime,
-            world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch, wc.fp8, wc.graphs),
+            world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch, wc.graphs),
             wc.device,
         )
         progress("load model", 1, 3)
@@ -161,8 +198,11 @@ class WorldService(KindServiceBase):
             weights=weights,
             device=wc.device,
             dtype=_DTYPES[wc.dtype],
-            fp8=wc.fp8,
             attention=wc.attention,
+            profiler=DeviceProfiler(wc.device.startswith("cuda")) if wc.stage_timing else OFF,
+            checkpoint=Path(wc.checkpoint) if wc.checkpoint else None,
+            vae=Path(wc.vae) if wc.vae else None,
+            prompts=prompts,
         )
         if wc.compiles:
             self.model.dit.compile_blocks()
@@ -202,7 +242,7 @@ class WorldService(KindServiceBase):
         wc, model, plan = self.config, self.model, self.plan
         assert model is not None and plan is not None, "load() runs before start()"
         stages = (
-            WorldBlockStage(model, device=wc.device, high_priority=wc.dit_priority == "high"),
+            WorldBlockStage(model, device=wc.device),
             WorldDecodeStage(model, device=wc.device),
             MediaEncodeStage(model.pool.slots, threads=wc.encode_threads),
         )
@@ -277,16 +317,16 @@ def measure_step_seconds(
 
 
 def world_declaration(
-    cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, fp8: bool = False, graphs: bool = False
+    cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int, graphs: bool = False
 ) -> MemoryDeclaration:
     """One session's bytes over the world stages, computed from the geometry before any pool
     exists (what ``WorldBlockStage.state_bytes() + WorldDecodeStage.state_bytes()`` will say);
-    the fixed share (weights, FP8 ones with ``fp8``; one batched tick's transient memory; the
-    DiT's CUDA graphs with ``graphs``) is ``models.world.memory``."""
+    the fixed share (weights; one batched tick's transient memory; the DiT's CUDA graphs with
+    ``graphs``) is ``models.world.memory``."""
     geometry = KVGeometry.of(cfg, dtype)
     return MemoryDeclaration(
         resident_bytes_per_session=geometry.bytes_per_session + decoder_state_bytes(cfg, dtype),
-        scratch_bytes=fixed_bytes(cfg, dtype, max_batch, fp8, graphs),
+        scratch_bytes=fixed_bytes(cfg, dtype, max_batch, graphs),
         max_sessions=256,
     )
 
@@ -409,6 +449,11 @@ class _WorldHandler:
         self.queue_sends.append(asyncio.create_task(conn.send(proto.render_queued(position))))
 
     async def _start(self, conn: Connection, cmd: proto.Start) -> None:
+        unknown = self.service.unknown_prompt(cmd.prompt)
+        if unknown:
+            await conn.send(self._error(proto.ErrorCode.INVALID_MESSAGE, unknown))
+            conn.end("protocol", unknown)  # the codec counts the start as made: no second one on this socket
+            return
         try:
             session = await conn.create_session(on_queue_position=functools.partial(self._queued, conn))
         except SessionError as exc:
@@ -433,6 +478,9 @@ class _WorldHandler:
     def _event(self, conn: Connection, cmd: proto.Event) -> str:
         """Accept or refuse one event at once; the ack or typed error to send."""
         event = cmd.event
+        unknown = self.service.unknown_prompt(event.prompt) if event.prompt is not None else None
+        if unknown:
+            return self._error(proto.ErrorCode.INVALID_MESSAGE, unknown, event.event_id)
         try:
             status = conn.session.accept_event(event)  # type: ignore[union-attr]
         except SessionError as exc:
@@ -446,9 +494,8 @@ class _WorldHandler:
     async def _reset(self, conn: Connection) -> None:
         session, manager = conn.session, self.service.manager
         assert session is not None and manager is not None
-        conn.epoch += 1  # queued chunks of the old world are never shown
         self._stop_timer()
-        try:
+        try:  # the reset moves the session's epoch on: queued chunks of the old world are never shown
             await manager.reset(session.session_id)
         except SessionError as exc:
             await conn.send(self._error(exc.code, exc.message))
@@ -462,7 +509,6 @@ class _WorldHandler:
     async def _close(self, conn: Connection) -> None:
         session, manager = conn.session, self.service.manager
         assert session is not None and manager is not None
-        conn.epoch += 1
         self._stop_timer()
         try:
             await manager.close(session.session_id)
@@ -490,21 +536,12 @@ class _WorldHandler:
                 return
         self._stop_timer()
         self.ticking = True
-        generation, ahead_ms, lead = conn.epoch, pacer.ahead_s(now) * 1000, pacer.lead_s()
+        generation, ahead_ms, lead = session.epoch, pacer.ahead_s(now) * 1000, pacer.lead_s()
         lead_ms = None if lead is None else lead * 1000
-        conn.spawn(
-            self._tick(conn, session, generation),
+        conn.spawn(  # requested now: a reset before the child starts it drops it unstarted
+            session.next_tick(self.payload),
             lambda result, error: _TickDone(generation, result, error, now, ahead_ms, lead_ms),
         )
-
-    async def _tick(self, conn: Connection, session: Any, generation: int) -> Any:
-        """The spawned tick. A reset handled between the spawn and this task's first step would
-        otherwise find no tick to cut and let this one wait on the session's tick lock and then
-        run as the new world's chunk 0 (dropped here as the old epoch's), so the next chunk the
-        client saw was chunk 1: an epoch moved on before the tick started drops it unstarted."""
-        if generation != conn.epoch:
-            raise TickSupersededError("the session was reset before the tick started")
-        return await session.next_tick(self.payload)
 
     def _wake_in(self, conn: Connection, delay_s: float) -> None:
         """(Re)arm the one pacing timer: it posts a fresh ``_Wake`` to the runner."""
@@ -519,8 +556,10 @@ class _WorldHandler:
 
     async def _tick_done(self, conn: Connection, done: _TickDone) -> None:
         self.ticking = False
-        if done.generation != conn.epoch:
-            return  # superseded by a reset or close
+        session = conn.session
+        assert session is not None
+        if done.generation != session.epoch and session.status is not SessionStatus.FAILED:
+            return  # superseded by a reset or close (a failure moves the epoch on too: reported)
         if done.error is not None:
             error = done.error
             if not isinstance(error, SessionError):
@@ -544,9 +583,7 @@ class _WorldHandler:
         oldest = min(applied, default=None)
         chunk = _ChunkMedia(first=result.metadata.chunk_index == 0)
         sent = functools.partial(self._post_sent, conn, done.generation, frames, done.started, oldest, chunk)
-        await conn.outbound.send_later(
-            _media(result.value.tail, meta, chunk), epoch=done.generation, on_done=sent
-        )
+        await conn.send_later(_media(result.value.tail, meta, chunk), epoch=done.generation, on_done=sent)
 
     @staticmethod
     def _post_sent(
@@ -562,7 +599,9 @@ class _WorldHandler:
 
     def _sent(self, conn: Connection, item: _Sent) -> None:
         self.unsent -= 1
-        if item.generation == conn.epoch:  # an old world's chunk was dropped, not played
+        session = conn.session
+        assert session is not None
+        if item.generation == session.epoch:  # an old world's chunk was dropped, not played
             self.pacer.sent(item.frames, item.at, item.at - item.started)  # type: ignore[union-attr]
             if item.event_at is not None:
                 self.service.event_to_chunk.observe(item.at - item.event_at)

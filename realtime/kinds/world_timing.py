@@ -1,6 +1,7 @@
-"""Where a world chunk's time goes, stage by stage: ``world_stage_seconds{stage, block}`` (issue 16).
+"""Where a world chunk's time goes, stage by stage: ``world_stage_seconds{stage, block}``.
 
-One Prometheus histogram on the server's ``/metrics``, always on. Per chunk sent, one observation
+One Prometheus histogram on the server's ``/metrics``, filled while ``world.stage_timing`` is on
+(the model's profiler, ``models.world.profiling``, then marks the model stages). Per chunk sent, one observation
 for each stage (``block``: ``first`` for a session's chunk 0, the time-to-first-frame path, else
 ``later``):
 
@@ -22,7 +23,7 @@ for each stage (``block``: ``first`` for a session's chunk 0, the time-to-first-
   (``launch`` and ``gap`` are not parts of a chunk's path: the launch overlaps the DiT's device
   time, the gap the previous chunk's).
 
-``models.world.stage.BlockTimings`` carries the model stages' figures through the pipeline;
+``models.world.profiling.BlockTimings`` carries the model stages' figures through the pipeline;
 ``realtime bench world --e2e`` scrapes this histogram per session count (``stage_ms``).
 """
 
@@ -47,7 +48,7 @@ class StageTimer:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.histogram = Histogram(
             METRIC,
-            "world chunk time by pipeline stage (docs/benchmarks.md, issue 16)",
+            "world chunk time by pipeline stage (realtime/kinds/world_timing.py)",
             ["stage", "block"],
             buckets=tuple(ms / 1000 for ms in BUCKETS_MS),
             registry=registry,

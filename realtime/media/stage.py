@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.stage import StageItem
-from models.world.stage import BlockTimings, WorldFrames
+from models.world.profiling import BlockTimings
+from models.world.stage import WorldFrames
 from realtime.media.video import Fmp4Encoder, encode_jpegs, pack_jpeg_batch
 
 

@@ -2,9 +2,11 @@
 
 Public API (see docs/engine.md):
 
-- :class:`StageRunner` — the interface kinds, executors and pipelines use; implemented by:
+- :class:`StageRunner` — the interface kinds, executors and pipelines use; implemented (on the
+  shared base of :mod:`sessions.engine.runner`) by:
 - :class:`StageEngine` — a batched stage (``models.stage.BatchedStage``) batched across sessions
-  under a dispatch policy (:class:`Coalescing` or :class:`FrameClock`);
+  under a dispatch policy (:class:`Coalescing` or :class:`FrameClock`): a composition of its
+  scheduler (:mod:`sessions.engine.scheduler`), slot table, worker and metrics;
 - :class:`StreamingStageEngine` — a self-scheduling streaming stage (``models.stage.StreamingStage``);
 - :class:`Pipeline` — runners chained by bounded channels; chunks flow downstream as they exist.
   Each is a ``sessions.lifecycle.LifecycleBackend``.
@@ -15,7 +17,7 @@ Public API (see docs/engine.md):
 
 from sessions.engine.channels import BackpressurePolicy, Channel, Chunk
 from sessions.engine.dispatch import Coalescing, DispatchPolicy, FrameClock
-from sessions.engine.engine import StageEngine, check_stall_timeout
+from sessions.engine.engine import StageEngine
 from sessions.engine.errors import (
     EngineClosedError,
     EngineConfigError,
@@ -31,6 +33,7 @@ from sessions.engine.errors import (
 )
 from sessions.engine.pipeline import Pipeline, PipelineResult
 from sessions.engine.protocol import StageRunner
+from sessions.engine.runner import check_stall_timeout
 from sessions.engine.slots import Slot, SlotTable
 from sessions.engine.streaming import StreamingStageEngine
 from sessions.engine.streams import ChunkStream

@@ -1,7 +1,9 @@
 """Prometheus metrics of the stage engines, on the registry the app passes in.
 
 One set of collectors per registry (several engines share it, labelled by ``stage``), so
-several apps with their own registries can live in one process.
+several apps with their own registries can live in one process. An engine records through its
+:class:`StageMetrics` (both flavours) or :class:`BatchMetrics` (batched engines): the collectors'
+children for its stage, made once.
 
 The per-forward and per-item histograms (``engine_batch_size``, ``engine_forward_seconds``,
 ``engine_item_seconds``) are :class:`LoopHistogram`: the engine observes them on every tick from
@@ -18,10 +20,14 @@ import math
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
+
+if TYPE_CHECKING:
+    from sessions.engine.slots import SlotTable
 
 
 class LoopHistogramChild:
@@ -143,3 +149,44 @@ def engine_metrics(registry: CollectorRegistry) -> EngineMetrics:
     )
     _BY_REGISTRY[registry] = metrics
     return metrics
+
+
+class StageMetrics:
+    """What every engine records, on its stage's children of the registry's collectors."""
+
+    def __init__(self, registry: CollectorRegistry, stage: str) -> None:
+        m = engine_metrics(registry)
+        self.item_failures = m.failures.labels(stage=stage, scope="item")
+        self.stale_dropped = m.stale_dropped.labels(stage=stage)
+        self.backpressure_dropped = m.backpressure_dropped.labels(stage=stage)
+        self.stalls = m.stalls.labels(stage=stage)
+        self.slots_open = m.slots_open.labels(stage=stage)
+        self.slot_bytes = m.slot_bytes.labels(stage=stage)
+        self.channel_depth = m.channel_depth.labels(stage=stage)
+        self.item_seconds = m.item_seconds.labels(stage=stage)  # submit to output (a stream: to its end)
+
+    def chunk_dropped(self, _chunk: Any) -> None:
+        """A ``drop_oldest`` channel shed a chunk (the channel's ``on_drop``)."""
+        self.backpressure_dropped.inc()
+
+    def slots_changed(self, slots: SlotTable) -> None:
+        self.slots_open.set(len(slots))
+        self.slot_bytes.set(slots.bytes_in_use)
+
+
+class BatchMetrics(StageMetrics):
+    """A batched engine's series: those of every engine plus batch sizes, forward and item
+    latencies, batch failures and the queue depth."""
+
+    def __init__(self, registry: CollectorRegistry, stage: str) -> None:
+        super().__init__(registry, stage)
+        m = engine_metrics(registry)
+        self.batch_size = m.batch_size.labels(stage=stage)
+        self.forward_seconds = m.forward_seconds.labels(stage=stage)
+        self.batch_failures = m.failures.labels(stage=stage, scope="batch")
+        self._queue_depth = m.queue_depth.labels(stage=stage)
+
+    def read_queue_depth(self, queue: object) -> None:
+        """Export ``queue.pending`` as the queue depth, read when scraped (no write per item)."""
+        ref = weakref.ref(queue)  # the registry must not keep the engine alive
+        self._queue_depth.set_function(lambda: getattr(ref(), "pending", 0))

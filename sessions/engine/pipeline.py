@@ -49,12 +49,12 @@ from sessions.engine.errors import (
     EngineConfigError,
     EngineError,
     QueueFullError,
-    SessionNotOpenError,
     SessionReleasedError,
     StaleEpochError,
 )
 from sessions.engine.metrics import engine_metrics
 from sessions.engine.protocol import StageRunner
+from sessions.engine.runner import BaseRunner
 from sessions.engine.streams import ChunkStream
 from sessions.lifecycle import ReleaseReason
 
@@ -98,7 +98,7 @@ class _Lane:
     relays: list[asyncio.Task] = field(default_factory=list)
 
 
-class Pipeline:
+class Pipeline(BaseRunner[_Lane]):
     """Runners in order (see the module docstring)."""
 
     def __init__(
@@ -114,76 +114,18 @@ class Pipeline:
             raise EngineConfigError("a pipeline needs at least one stage")
         check_capacity("channel_size", channel_size)
         check_policy(backpressure)
+        super().__init__(name or "+".join(r.name for r in runners))
         self.runners = tuple(runners)
-        self.name = name or "+".join(r.name for r in self.runners)
         self.channel_size = channel_size
         self.backpressure: BackpressurePolicy = backpressure
         self._metrics = engine_metrics(registry)
-        self._lanes: dict[str, _Lane] = {}
 
     @property
     def per_session_bytes(self) -> int:
         return sum(runner.per_session_bytes for runner in self.runners)
 
     def is_open(self, session_id: str) -> bool:
-        return session_id in self._lanes and all(r.is_open(session_id) for r in self.runners)
-
-    def epoch(self, session_id: str) -> int | None:
-        lane = self._lanes.get(session_id)
-        return None if lane is None else lane.epoch
-
-    async def open(self, session_id: str) -> None:
-        """Open the session on every stage (all or nothing) and start its lane."""
-        opened: list[StageRunner] = []
-        try:
-            for runner in self.runners:
-                await runner.open(session_id)
-                opened.append(runner)
-        except BaseException:
-            for runner in opened:
-                await runner.release(session_id, "failed")
-            raise
-        if session_id in self._lanes:
-            return
-        lane = _Lane(0, [self._channel(runner.name) for runner in self.runners])
-        loop = asyncio.get_running_loop()
-        for k in range(len(self.runners)):
-            lane.relays.append(
-                loop.create_task(self._relay(session_id, lane, k), name=f"relay-{self.name}-{k}")
-            )
-        self._lanes[session_id] = lane
-
-    async def release(self, session_id: str, reason: ReleaseReason = "close") -> None:
-        """Cancel the lane, then release on every stage concurrently; raises the first failure."""
-        lane = self._lanes.pop(session_id, None)
-        if lane is not None:
-            error = SessionReleasedError(session_id, reason)
-            for relay in lane.relays:
-                relay.cancel()
-            await asyncio.gather(*lane.relays, return_exceptions=True)
-            for hop in lane.hops:
-                _fail_buffered(hop, error)
-        results = await asyncio.gather(
-            *(runner.release(session_id, reason) for runner in self.runners), return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-
-    def bump_epoch(self, session_id: str, epoch: int) -> int:
-        """Make ``epoch`` current on every stage and drop older chunks from every hop."""
-        dropped = sum(runner.bump_epoch(session_id, epoch) for runner in self.runners)
-        lane = self._lanes.get(session_id)
-        if lane is None or epoch <= lane.epoch:
-            return dropped
-        lane.epoch = epoch
-        for runner, hop in zip(self.runners, lane.hops, strict=True):
-            stale = hop.purge(lambda c: c.epoch < epoch)
-            for chunk in stale:
-                chunk.payload[1].fail(StaleEpochError(session_id, chunk.epoch, epoch))
-            self._metrics.stale_dropped.labels(stage=runner.name).inc(len(stale))
-            dropped += len(stale)
-        return dropped
+        return session_id in self._sessions and all(r.is_open(session_id) for r in self.runners)
 
     async def submit(
         self,
@@ -196,7 +138,7 @@ class Pipeline:
         last: bool = True,
     ) -> PipelineResult:
         """Run the first stage; hand its output to the rest of the lane (see the module docstring)."""
-        lane = self._lane(session_id, epoch)
+        lane = self._admit(session_id, epoch)
         head = await self.runners[0].submit(
             session_id, epoch, payload, request_id=request_id, seq=seq, last=last
         )
@@ -222,7 +164,7 @@ class Pipeline:
         last: bool = True,
     ) -> ChunkStream:
         """Send ``payload`` down the whole lane; the last stage's chunks stream back."""
-        lane = self._lane(session_id, epoch)
+        lane = self._admit(session_id, epoch)
         out = self._channel(self.runners[-1].name)
         request = _Request(request_id, channel=out)
         first = lane.hops[0]
@@ -238,16 +180,68 @@ class Pipeline:
         )
 
     async def close(self) -> None:
-        """Cancel every lane and close every runner."""
-        for session_id in list(self._lanes):
-            lane = self._lanes.pop(session_id)
-            for relay in lane.relays:
-                relay.cancel()
-            await asyncio.gather(*lane.relays, return_exceptions=True)
-            for hop in lane.hops:
-                _fail_buffered(hop, EngineClosedError(f"pipeline {self.name!r} is shutting down"))
+        """Cancel every lane (failing what is queued with ``EngineClosedError``), close every runner."""
+        if self._closed:
+            return
+        self._closed = True
+        for session_id in list(self._sessions):
+            await self._stop_lane(
+                self._sessions.pop(session_id), EngineClosedError(f"pipeline {self.name!r} is shutting down")
+            )
         for runner in self.runners:
             await runner.close()
+
+    # ----------------------------------------------------------------- sessions (BaseRunner hooks)
+
+    async def _open_state(self, session_id: str) -> None:
+        """Open the session on every stage, all or nothing (its lane starts in ``_register``)."""
+        opened: list[StageRunner] = []
+        try:
+            for runner in self.runners:
+                await runner.open(session_id)
+                opened.append(runner)
+        except BaseException:
+            for runner in opened:
+                await runner.release(session_id, "failed")
+            raise
+
+    def _register(self, session_id: str, state: None) -> _Lane:
+        lane = _Lane(0, [self._channel(runner.name) for runner in self.runners])
+        loop = asyncio.get_running_loop()
+        for k in range(len(self.runners)):
+            lane.relays.append(
+                loop.create_task(self._relay(session_id, lane, k), name=f"relay-{self.name}-{k}")
+            )
+        return lane
+
+    async def _release(self, session_id: str, lane: _Lane | None, reason: ReleaseReason) -> None:
+        """Cancel the lane, then release on every stage concurrently; raises the first failure."""
+        if lane is not None:
+            await self._stop_lane(lane, SessionReleasedError(session_id, reason))
+        results = await asyncio.gather(
+            *(runner.release(session_id, reason) for runner in self.runners), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    def _drop_stale(self, session_id: str, lane: _Lane, epoch: int) -> int:
+        """Make ``epoch`` current on every stage and drop older chunks from every hop."""
+        dropped = sum(runner.bump_epoch(session_id, epoch) for runner in self.runners)
+        for runner, hop in zip(self.runners, lane.hops, strict=True):
+            stale = hop.purge(lambda c: c.epoch < epoch)
+            for chunk in stale:
+                chunk.payload[1].fail(StaleEpochError(session_id, chunk.epoch, epoch))
+            self._metrics.stale_dropped.labels(stage=runner.name).inc(len(stale))
+            dropped += len(stale)
+        return dropped
+
+    async def _stop_lane(self, lane: _Lane, error: BaseException) -> None:
+        for relay in lane.relays:
+            relay.cancel()
+        await asyncio.gather(*lane.relays, return_exceptions=True)
+        for hop in lane.hops:
+            _fail_buffered(hop, error)
 
     # ----------------------------------------------------------------- internals
 
@@ -263,16 +257,6 @@ class Pipeline:
     def _on_drop(self, stage: str, chunk: Chunk) -> None:
         self._metrics.backpressure_dropped.labels(stage=stage).inc()
         chunk.payload[1].fail(EngineError(f"stage {stage!r}: chunk dropped under backpressure"))
-
-    def _lane(self, session_id: str, epoch: int) -> _Lane:
-        lane = self._lanes.get(session_id)
-        if lane is None:
-            raise SessionNotOpenError(self.name, session_id)
-        if epoch < lane.epoch:
-            raise StaleEpochError(session_id, epoch, lane.epoch)
-        if epoch > lane.epoch:
-            self.bump_epoch(session_id, epoch)
-        return lane
 
     async def _relay(self, session_id: str, lane: _Lane, k: int) -> None:
         """Feed each chunk of hop ``k`` to stage ``k``; forward what it yields to hop k + 1 or the request.

@@ -3,7 +3,8 @@
 Three implementations: :class:`~sessions.engine.engine.StageEngine` (a batched stage, scheduled by
 the engine's dispatch policy), :class:`~sessions.engine.streaming.StreamingStageEngine` (a
 self-scheduling streaming stage such as vLLM's ``AsyncLLM``) and
-:class:`~sessions.engine.pipeline.Pipeline` (runners chained by bounded channels). Each is a
+:class:`~sessions.engine.pipeline.Pipeline` (runners chained by bounded channels), all three on
+:class:`~sessions.engine.runner.BaseRunner` (what they share, written once). Each is a
 ``sessions.lifecycle.LifecycleBackend`` (``release`` is the one release path). All methods are
 called on the event loop thread.
 """

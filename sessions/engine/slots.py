@@ -33,12 +33,35 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from models.stage import ModelStage, StatefulStage
-from sessions.engine.errors import EngineClosedError, SessionReleasedError, SlotsExhaustedError
+from sessions.engine.channels import check_capacity
+from sessions.engine.errors import (
+    EngineClosedError,
+    EngineConfigError,
+    SessionReleasedError,
+    SlotsExhaustedError,
+)
 from sessions.engine.worker import DeviceWorker
 
 log = logging.getLogger("sessions.engine")
 
 SlotStatus = Literal["opening", "open", "releasing", "release_failed"]
+
+DEFAULT_MAX_SESSIONS = 256
+
+
+def slot_capacity(stage: ModelStage, max_sessions: int | None) -> int:
+    """The slots an engine holds for ``stage``: ``max_sessions``, by default the stage's
+    ``slot_capacity`` (else :data:`DEFAULT_MAX_SESSIONS`); never more than ``slot_capacity``."""
+    stage_capacity = getattr(stage, "slot_capacity", None)
+    capacity = (
+        max_sessions if max_sessions is not None else getattr(stage, "slot_capacity", DEFAULT_MAX_SESSIONS)
+    )
+    check_capacity("max_sessions", capacity)
+    if stage_capacity is not None and capacity > stage_capacity:
+        raise EngineConfigError(
+            f"max_sessions {capacity} exceeds stage {stage.name!r} slot_capacity {stage_capacity}"
+        )
+    return capacity
 
 
 @dataclass

@@ -6,7 +6,8 @@ Hand-off cost matters (it sits on every tick's round trip): a job is one ``Simpl
 the loop with nothing in between; ``await run(fn, *args)`` wraps it in a future.
 
 Jobs run one at a time in submission order, so slot initialisation and release are serialized
-with forwards. On a CUDA device the thread owns its own CUDA stream; every job runs under that
+with forwards. A batched engine's forward job is :func:`isolated_forward`: batch isolation by
+bisecting a forward that raised, on this thread. On a CUDA device the thread owns its own CUDA stream; every job runs under that
 stream and synchronises it before its result is handed back, so consumers on other streams or
 the CPU see finished tensors. Several engines may share one worker to serialize their stages on
 one stream (pass the same ``DeviceWorker``).
@@ -18,10 +19,13 @@ import asyncio
 import contextlib
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sessions.engine.errors import EngineClosedError
+from models.stage import BatchedStage, StageItem
+from sessions.engine.errors import EngineClosedError, EngineError
 
 Done = Callable[[Any, BaseException | None], None]
 
@@ -120,3 +124,39 @@ class DeviceWorker:
         self._closed = True
         self._jobs.put(None)
         await asyncio.to_thread(self._thread.join, timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFailure:
+    """The forward raised for this item alone (after bisecting): its output in the batch's list."""
+
+    error: BaseException
+
+
+def isolated_forward(
+    stage: BatchedStage, items: Sequence[StageItem]
+) -> tuple[list[Any] | None, BaseException | None, float]:
+    """One batch's forward on the worker thread: ``(outputs, error, seconds)``.
+
+    A forward that raises is re-run in halves, recursively (bisect), so only the items whose
+    forward raises alone fail: their output is a :class:`BatchFailure`, the others get theirs.
+    A forward that returns the wrong number of outputs fails the whole batch (``error``).
+    """
+    start = time.perf_counter()
+    try:
+        return _bisect(stage, items), None, time.perf_counter() - start
+    except Exception as exc:  # only a wrong output count gets here
+        return None, exc, time.perf_counter() - start
+
+
+def _bisect(stage: BatchedStage, items: Sequence[StageItem]) -> list[Any]:
+    try:
+        outputs = list(stage.forward(items))
+    except Exception as exc:
+        if len(items) == 1:
+            return [BatchFailure(exc)]
+        half = len(items) // 2
+        return _bisect(stage, items[:half]) + _bisect(stage, items[half:])
+    if len(outputs) != len(items):
+        raise EngineError(f"forward returned {len(outputs)} outputs for {len(items)} items")
+    return outputs

@@ -3,7 +3,7 @@ Chromium headless against the real server over loopback, the committed world-tin
 
 Holds a key for 30 s: frames keep arriving, the page's backlog stays bounded without growing
 (and the page plays frames rather than dropping them), turning left / right moves the image the
-expected way (the model's control-response measure, ``models.world.env.horizontal_shift``), the
+expected way (the model's control-response measure, ``models.world.training.env.horizontal_shift``), the
 key-to-photon readout works, and the console stays clean; then the format switch restarts it on
 the fMP4 (MSE) player, which shows frames too, and an over-long prompt renders the server's error
 readably while frames keep coming. Screenshots land in the pytest tmp dir.
@@ -18,7 +18,7 @@ import statistics
 import pytest
 import torch
 
-from models.world.env import horizontal_shift
+from models.world.training.env import horizontal_shift
 from tests.browser.conftest import open_page, world_page_config
 from tests.serving import serve_in_process
 

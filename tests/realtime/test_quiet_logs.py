@@ -11,7 +11,7 @@ import msgpack_numpy
 import pytest
 import websockets
 
-from models.policy.examples import libero
+from realtime.bench.examples import libero
 from realtime.config import config_from_mapping
 from tests.serving import serve_in_process
 

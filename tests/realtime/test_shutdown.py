@@ -100,7 +100,7 @@ def _infer_until_closed(url: str, codes: list, ready: threading.Barrier) -> None
     """An openpi-client robot calling ``infer`` back to back until the server closes it."""
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-    from models.policy.examples import libero
+    from realtime.bench.examples import libero
 
     policy = WebsocketClientPolicy(url)
     observation = libero(0)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
-from models.policy.examples import aloha, libero
-from models.policy.pi0_tiny import Pi0TinyPolicy
+from models.policy.pi0_policy import Pi0Policy
 from models.policy.stage import PolicyStage
 from models.policy.trivial import ZerosPolicy
+from realtime.bench.examples import aloha, libero
 from realtime.config import ConfigError, RobotConfig, config_from_mapping
 from realtime.kinds.robot import build_policy, resolve_device
 from tests.serving import serve_in_process
@@ -44,7 +44,7 @@ def test_the_trivial_policy_stays_on_the_cpu():
 
 @pytest.mark.gpu
 def test_pi0_tiny_on_cuda_matches_the_cpu_chunks():
-    cpu, gpu = Pi0TinyPolicy(), Pi0TinyPolicy(device=resolve_device("cuda"))
+    cpu, gpu = Pi0Policy(), Pi0Policy(device=resolve_device("cuda"))
     assert next(gpu.model.parameters()).is_cuda
     batch = [cpu.prepare(libero(1)), cpu.prepare(aloha(2))]
     for a, b in zip(cpu.infer(batch, [None] * 2), gpu.infer(batch, [None] * 2), strict=True):
@@ -64,6 +64,6 @@ async def test_the_server_runs_pi0_tiny_on_cuda_for_a_real_client():
             return client.infer(libero(3))["actions"]
 
         actions = await asyncio.to_thread(infer)
-    reference = Pi0TinyPolicy()
+    reference = Pi0Policy()
     expected = reference.infer([reference.prepare(libero(3))], [None])[0]
     np.testing.assert_allclose(actions, expected, atol=2e-2)

@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 from openpi_client import msgpack_numpy
 
 from models.policy import presets
-from models.policy.examples import aloha, droid, libero
 from models.policy.interface import ObservationError
-from models.policy.pi0_tiny import Pi0Input, Pi0TinyPolicy
+from models.policy.pi0_policy import Pi0Input, Pi0Policy
 from models.policy.trivial import ZerosPolicy
+from realtime.bench.examples import aloha, droid, libero
 from realtime.protocols import openpi
 
 
 @pytest.fixture(scope="module")
-def policy() -> Pi0TinyPolicy:
-    return Pi0TinyPolicy()
+def policy() -> Pi0Policy:
+    return Pi0Policy()
 
 
 def _text_array(*code_points: int) -> np.ndarray:
@@ -111,11 +111,15 @@ ACCEPTED = [
 def test_observations_within_the_rules_are_accepted_collated_and_run(policy):
     items = [policy.prepare(obs) for obs in ACCEPTED]
     chunks = policy.infer(items, [None] * len(items))
-    assert all(c.shape == (50, 32) and np.isfinite(c).all() for c in chunks)
+    assert all(
+        c.shape == (50, item.action_dim) and np.isfinite(c).all()
+        for c, item in zip(chunks, items, strict=True)
+    )
+    assert {c.shape[1] for c in chunks} == {7, 8, 32}  # LIBERO, DROID and pi0-layout robots
 
 
 def test_the_prompt_bound_is_a_constructor_argument():
-    short = Pi0TinyPolicy(max_prompt_chars=10)
+    short = Pi0Policy(max_prompt_chars=10)
     assert short.prepare({**libero(), "prompt": "x" * 10}).observation.prompt == "x" * 10
     with pytest.raises(ObservationError, match="at most 10 characters"):
         short.prepare({**libero(), "prompt": "x" * 11})
@@ -134,7 +138,7 @@ def test_a_poisoned_prompt_cannot_reach_a_batch(policy):
     assert len(policy.infer(healthy, [None] * 4)) == 4
     bypass = presets.Canonical(healthy[0].observation.images, np.zeros(8, np.float32), "\ud800")
     with pytest.raises(UnicodeEncodeError):
-        policy.collate([*healthy, Pi0Input(bypass, None)])
+        policy.collate([*healthy, Pi0Input(bypass, None, 7)])
 
 
 @pytest.mark.parametrize(
@@ -248,7 +252,9 @@ def test_fuzzed_prepare_raises_only_observation_error_and_accepted_ones_run_in_a
         assert str(exc) and "Traceback" not in str(exc)
         return
     state = policy.new_state()  # a previous chunk, so that accepted rtc options guide this one
-    state.commit(np.zeros((50, 32), np.float32), latency_s=0.02, now=0.0)
+    state.commit(np.zeros((50, item.action_dim), np.float32), latency_s=0.02, now=0.0)
     batch = [policy.prepare(libero(1)), item]
     chunks = policy.infer(batch, [None, state.snapshot(item, now=0.1)])
-    assert [c.shape for c in chunks] == [(50, 32)] * 2 and all(np.isfinite(c).all() for c in chunks)
+    assert [c.shape for c in chunks] == [(50, 7), (50, item.action_dim)] and all(
+        np.isfinite(c).all() for c in chunks
+    )

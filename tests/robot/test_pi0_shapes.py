@@ -1,48 +1,43 @@
-"""pi0 at its real shapes (``PI0_SHAPED``) and the CUDA-graph replay of the policy forward."""
+"""pi0 and pi0.5 at their real shapes, and the CUDA-graph replay of the policy forward."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from models.cuda_graphs import buckets
-from models.policy import examples
-from models.policy.pi0_tiny import PI0_SHAPED, Pi0Tiny, Pi0TinyConfig, Pi0TinyPolicy
+from models.policy.checkpoint import model_config
+from models.policy.checkpoint_writer import openpi_state_dict
+from models.policy.pi0 import PI0, PI0_TINY, PI05, Pi0
+from models.policy.pi0_policy import Pi0Policy
+from realtime.bench import examples
 
 
-def test_pi0_shaped_has_pi0s_parameter_count():
-    """So400m (~0.4B) + Gemma-2B (~2B) + Gemma-300M (~0.3B): openpi reports pi0 at 3.3B."""
+@pytest.mark.parametrize("config", [PI0, PI05], ids=["pi0", "pi0.5"])
+def test_real_sizes_have_pi0s_parameter_counts(config):
+    """So400m (~0.4B) + Gemma-2B (~2B + a 0.53B embedding) + Gemma-300M (~0.3B): openpi's 3.3B."""
     with torch.device("meta"):
-        model = Pi0Tiny(PI0_SHAPED)
-    vision = sum(p.numel() for p in model.vision_layers.parameters())
+        model = Pi0(config)
+    vision = sum(p.numel() for p in model.vision.parameters())
     prefix = sum(p.numel() for p in model.prefix_layers.parameters())
     expert = sum(p.numel() for p in model.expert_layers.parameters())
     assert 0.38e9 < vision < 0.45e9
     assert 1.9e9 < prefix < 2.1e9
-    assert 0.25e9 < expert < 0.35e9
-    assert model.config.n_patches == 256  # 3 cameras x 256 + 48 prompt + 1 state = 817 prefix tokens
+    assert 0.25e9 < expert < 0.35e9 + (0.12e9 if config.pi05 else 0)  # adaRMS: 2 x 1024 x 3072 a layer
+    assert model.token_embedding.weight.shape == (257152, 2048)
+    assert config.n_patches == 256  # 3 cameras x 256 + 48 (pi0) or 200 (pi0.5) prompt tokens
 
 
-SMALL_GEMMA_LIKE = replace(
-    Pi0TinyConfig(),
-    pool=2,
-    patch_size=16,
-    n_kv_head=1,
-    gated_mlp=True,
-    mlp_width=96,
-    vision_depth=1,
-    vision_width=48,
-    vision_heads=2,
-    vision_head_dim=24,
-    vision_mlp_width=64,
-)
+SMALL_VISION = replace(PI0_TINY, patch_size=16, vision_width=72, vision_heads=1, vision_depth=2)
 
 
-def test_vision_tower_and_shared_kv_heads_keep_rows_independent():
-    policy = Pi0TinyPolicy(SMALL_GEMMA_LIKE, preset="libero")
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi0.5"])
+def test_batch_rows_are_independent(pi05):
+    policy = Pi0Policy(replace(SMALL_VISION, pi05=pi05), preset="libero")
     observations = [examples.libero(seed=s) for s in range(3)]
     together = policy.infer([policy.prepare(o) for o in observations], [None] * 3)
     alone = [policy.infer([policy.prepare(o)], [None])[0] for o in observations]
@@ -61,9 +56,11 @@ def test_buckets_are_powers_of_two_up_to_max_batch():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_graph_replay_equals_the_eager_forward():
-    graphed = Pi0TinyPolicy(Pi0TinyConfig(), preset="libero", device="cuda")
-    eager = Pi0TinyPolicy(Pi0TinyConfig(), preset="libero", device="cuda", cuda_graphs=False)
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi0.5"])
+def test_cuda_graph_replay_equals_the_eager_forward(pi05):
+    config = replace(PI0_TINY, pi05=pi05)
+    graphed = Pi0Policy(config, preset="libero", device="cuda")
+    eager = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False)
     graphed.warmup(8)
     assert graphed.graphs is not None
     observations = [examples.libero(seed=s) for s in range(3)]  # padded to the bucket of 4
@@ -71,3 +68,15 @@ def test_cuda_graph_replay_equals_the_eager_forward():
     want = eager.infer([eager.prepare(o) for o in observations], [None] * 3)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("config", [PI0, PI05], ids=["pi0", "pi0.5"])
+def test_a_real_size_checkpoint_layout_spells_back_the_real_config(config):
+    """openpi's parameter names and shapes at the real sizes (on the meta device: no memory)
+    are what ``inspect`` reads back as pi0 / pi0.5 (heads, widths, depths, vocabulary)."""
+    with torch.device("meta"):
+        tensors = openpi_state_dict(Pi0(config))
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    assert shapes["paligemma_with_expert.gemma_expert.lm_head.weight"] == (257152, 1024)
+    read = model_config(shapes, config.pi05, Path("model.safetensors"))
+    assert read == config

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from models.voice.llm import ChatMessage, TransformersChat, render_chat
-from models.voice.random_chat_model import TINY, build_random_chat_model
 from realtime.bench import run_scenario
 from realtime.bench.llm import Phase, Reply, settings_of
+from realtime.bench.random_chat_model import TINY, build_random_chat_model
 from tests.voice.tiny_chat_model import build_tiny_chat_model
 
 SMALL_RUN = ["--shape", "tiny", "--conversations", "1", "2", "--replies", "2"]
@@ -170,7 +170,7 @@ def test_bench_llm_runs_on_cuda_in_bfloat16(capsys):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_random_model_drawn_on_the_gpu_keeps_only_text_tokens_speakable(tmp_path):
-    from models.voice.random_chat_model import text_token_ids
+    from realtime.bench.random_chat_model import text_token_ids
 
     directory = build_random_chat_model(tmp_path / "m", TINY, text_only=True, device="cuda")
     chat = TransformersChat(directory)  # loads on the CPU: what was saved, not what was drawn

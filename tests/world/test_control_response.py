@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from models.world.configs import WEIGHTS_DIR
 from models.world.model import WorldModel
-from models.world.train import control_response
+from models.world.training.train import control_response
 
 
 def test_trained_default_turns_left_and_right_consistently():

@@ -115,16 +115,17 @@ def test_a_replay_of_stale_inputs_fails_the_capture(rerun_capture):
 
 def test_stage_timings_mark_replayed_passes(rerun_capture):
     from models.stage import StageItem
+    from models.world.profiling import DIT_MARKS, DeviceProfiler
     from models.world.stage import WorldBlockInput, WorldBlockStage
 
-    model = WorldModel.build(TEST, slots=1, seed=5)
+    model = WorldModel.build(TEST, slots=1, seed=5, profiler=DeviceProfiler(cuda=False))
     model.capture_graphs(1)
     stage = WorldBlockStage(model)
     stage.open_state("a", 0)
     for block in range(model.pool.geometry.steady_block + 1):
         item = StageItem("a", 0, WorldBlockInput(WorldTick("a", block, "x", ACTION), seed=1), slot=0)
         (out,) = stage.forward([item])
-        assert len(out.passes) == 2 * (len(TEST.sigmas) + 1)  # start and end of every pass
+        assert set(out.marks) == set(DIT_MARKS)  # the replayed passes are marked like eager ones
     assert model.graphs is not None and model.graphs.replayed == len(TEST.sigmas) + 1
 
 
@@ -188,7 +189,7 @@ def test_graph_memory_is_planned():
     assert with_graphs - without == pytest.approx(ALLOCATOR_MARGIN * graph_bytes(TEST, dtype, 4), abs=2)
 
 
-def test_cuda_graphs_and_dit_priority_configs_resolve_per_device():
+def test_cuda_graphs_config_resolves_per_device():
     def world(**kw):
         return config_from_mapping({"world": {"enabled": True, **kw}}).world
 
@@ -197,9 +198,6 @@ def test_cuda_graphs_and_dit_priority_configs_resolve_per_device():
     assert world(device="cuda", cuda_graphs=False).graphs is False
     with pytest.raises(ConfigError, match="cuda_graphs"):
         world(cuda_graphs=True)  # on the CPU
-    assert world(device="cuda", dit_priority="high").dit_priority == "high"
-    with pytest.raises(ConfigError, match="dit_priority"):
-        world(dit_priority="high")  # on the CPU
 
 
 def test_a_failed_capture_under_auto_leaves_eager_passes(monkeypatch, caplog):

@@ -1,12 +1,12 @@
-"""``models.world.sharpness``: the measures behind "sharper frames" order images the right way."""
+"""``models.world.training.sharpness``: the measures behind "sharper frames" order images the right way."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from models.world.env import MazeEnv
-from models.world.sharpness import SCRIPT, frame_stats, psnr, script_actions, side_by_side
+from models.world.training.env import MazeEnv
+from models.world.training.sharpness import SCRIPT, frame_stats, psnr, script_actions, side_by_side
 
 
 def _blur(x: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,8 @@ from models.stage import StageItem
 from models.world.attention import flash4_usable
 from models.world.configs import TEST
 from models.world.model import WorldModel, WorldTick
-from models.world.stage import BlockTimings, WorldBlockInput, WorldBlockStage, WorldDecodeStage
+from models.world.profiling import BlockTimings, DeviceProfiler
+from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
 
 CUDA = pytest.param(
     "cuda",
@@ -20,26 +21,13 @@ CUDA = pytest.param(
 )
 
 
-@pytest.mark.parametrize(
-    "device,high_priority",
-    [
-        ("cpu", False),
-        ("cpu", True),
-        pytest.param("cuda", False, marks=CUDA.marks),
-        pytest.param("cuda", True, marks=CUDA.marks),
-    ],
-)
-def test_staged_frames_equal_the_models_step_with_stage_timings(device, high_priority):
-    """Also with the DiT's passes on a high-priority stream of their own (``world.dit_priority``;
-    on the CPU the flag has nothing to act on)."""
-    staged = WorldModel.build(TEST, slots=2, device=device, seed=3)
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_staged_frames_equal_the_models_step_with_stage_timings(device):
+    staged = WorldModel.build(TEST, slots=2, device=device, seed=3, profiler=DeviceProfiler(device == "cuda"))
     direct = WorldModel.build(TEST, slots=2, device=device, seed=3)
-    dit = WorldBlockStage(staged, device=device, high_priority=high_priority)
+    dit = WorldBlockStage(staged, device=device)
     decode = WorldDecodeStage(staged, device=device)
     assert (decode._stream is not None) == (device == "cuda")
-    assert (dit._stream is not None) == (device == "cuda" and high_priority)
-    if dit._stream is not None:  # the highest the device has: above the decode stream's default 0
-        assert dit._stream.priority < decode._stream.priority == 0
     ids = ["a", "b"]
     for slot, sid in enumerate(ids):
         dit.open_state(sid, slot)

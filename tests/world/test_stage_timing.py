@@ -13,7 +13,7 @@ import pytest
 import websockets
 from prometheus_client import CollectorRegistry, generate_latest
 
-from models.world.stage import BlockTimings
+from models.world.profiling import BlockTimings
 from realtime.bench import world_stages
 from realtime.config import config_from_mapping
 from realtime.kinds.world_timing import METRIC, STAGES, StageTimer

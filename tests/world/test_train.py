@@ -1,4 +1,4 @@
-"""``models.world.train`` end to end at a test-sized shape: shape flags, float16 weights, reports."""
+"""``models.world.training.train`` end to end at a test-sized shape: shape flags, float16 weights, reports."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from models.world import train
 from models.world.configs import TINY, read_config
 from models.world.model import WorldModel
 from models.world.start_frames import load_start_frames
-from models.world.start_frames import main as add_start_frames
+from models.world.training import train
+from models.world.training.start_frames import main as add_start_frames
 
 # the TEST config's shape through the flags: 32x32 frames, seconds on one CPU thread
 SHAPE = ["--latent-channels", "4", "--dim", "32", "--heads", "2", "--depth", "2", "--ffn-dim", "64"]

@@ -154,7 +154,7 @@ async def test_random_operations_settle_and_leak_nothing(registry, kind, seed):
     for engine in engines:
         assert engine.slots.bytes_in_use == 0 and len(engine.slots) == 0
         if isinstance(engine, StageEngine):
-            assert engine._pending_count == 0
+            assert engine.scheduler.pending == 0
         else:
             assert engine._inflight == 0
     for stage in stages:

@@ -33,6 +33,7 @@ class ScriptedExecutor:
         self.gate_at = 1
         self.error_at = 0
         self.closed_streams = 0  # streams whose generator was closed or ran to its end
+        self.fences: list[tuple[str, int]] = []  # Session.interrupt's fence calls
 
     async def execute(self, snapshot: TickSnapshot) -> TickOutput[int]:
         self.snapshots.append(snapshot)
@@ -56,6 +57,9 @@ class ScriptedExecutor:
                 yield value
         finally:
             self.closed_streams += 1
+
+    def fence(self, session_id: str, epoch: int) -> None:
+        self.fences.append((session_id, epoch))
 
 
 class RecordingLifecycle:

@@ -14,7 +14,9 @@ from sessions.errors import (
     SessionFailedError,
     StaleEventError,
     TickFailedError,
+    TickInFlightError,
     TickSupersededError,
+    TransientError,
 )
 from sessions.events import ControlInput, SessionEvent
 from sessions.session import EventAcceptance, SessionLimits, SessionStatus
@@ -99,17 +101,20 @@ async def test_inflight_snapshot_is_immutable_and_the_stale_floor_covers_it():
     assert executor.snapshots[1].applied_event_ids == (11,) and executor.snapshots[1].prompt == "second"
 
 
-async def test_ticks_of_one_session_are_serialised():
+async def test_one_tick_at_a_time_a_second_is_refused_as_transient():
+    """No lock queues ticks: the owner starts one at a time, and a second started while one runs
+    is refused (transient: the session goes on)."""
     executor = ScriptedExecutor()
     executor.gate = asyncio.Event()
     session = make_session(executor)
     first = asyncio.create_task(session.next_tick())
-    second = asyncio.create_task(session.next_tick())
     await executor.started.wait()
-    await asyncio.sleep(0)
-    assert len(executor.snapshots) == 1
+    with pytest.raises(TickInFlightError) as refused:
+        await session.next_tick()
+    assert isinstance(refused.value, TransientError) and session.status is SessionStatus.ACTIVE
     executor.gate.set()
-    await asyncio.gather(first, second)
+    await first
+    await session.next_tick()
     assert [s.chunk_index for s in executor.snapshots] == [0, 1]
 
 

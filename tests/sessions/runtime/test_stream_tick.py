@@ -143,40 +143,50 @@ async def test_an_executor_error_mid_stream_fails_the_session_and_releases_its_s
 
 async def test_interrupt_supersedes_a_streaming_tick_and_keeps_the_session():
     session, executor, lifecycle, reducer, outcomes = recorded()
-    assert session.interrupt() is False  # no tick runs: nothing changes
     session.accept_event(event(1, prompt="p"))
     executor.gate = asyncio.Event()
     stream = session.stream_tick()
-    await stream.__anext__()
+    first = await stream.__anext__()
     reader = asyncio.create_task(stream.__anext__())
     await asyncio.sleep(0)
     epoch = session.epoch
+    assert first.epoch == epoch
     assert session.interrupt() is True and session.epoch == epoch + 1
+    assert executor.fences == [(session.session_id, epoch + 1)]  # the stage runner is fenced too
     with pytest.raises(TickSupersededError):
         await reader
     assert session.status is SessionStatus.ACTIVE and session.chunk_index == 0 and reducer.commits == 0
     assert session.pending_event_count == 1 and lifecycle.releases == [] and outcomes == ["superseded"]
     executor.gate.set()
-    async for _ in session.stream_tick():
-        pass
+    chunks = [chunk async for chunk in session.stream_tick()]
+    assert {c.epoch for c in chunks} == {epoch + 1}
     assert executor.snapshots[-1].applied_event_ids == (1,) and session.chunk_index == 1
 
 
-async def test_a_tick_requested_before_a_reset_is_dropped_not_run_in_the_new_epoch():
-    """A tick that waited for the tick lock while a reset moved the epoch on never runs: it
-    would otherwise become the new world's first tick (the race the world kind hit)."""
+async def test_interrupt_without_a_tick_still_moves_the_epoch_on():
+    """A barge-in is one call whether or not a tick runs: the epoch (which the outbound queue
+    reads) and the runner's fence move on; nothing else changes."""
+    session, executor, lifecycle, _reducer, outcomes = recorded()
+    assert session.interrupt() is False
+    assert session.epoch == 1 and executor.fences == [(session.session_id, 1)]
+    assert session.status is SessionStatus.ACTIVE and lifecycle.releases == [] and outcomes == []
+
+
+async def test_a_tick_requested_before_an_interrupt_or_reset_is_dropped_unstarted():
+    """A tick belongs to the epoch of the call that requested it, not of the task that awaits it
+    later: the owner requests it, a cancel or reset arrives before the child task starts it, and
+    it never runs (the race the world kind hit; echo and voice request in the runner too)."""
     session, executor, _lifecycle, reducer, outcomes = recorded()
-    executor.gate = asyncio.Event()
-    first = asyncio.create_task(session.next_tick("first"))
-    await executor.started.wait()
-    waiting = asyncio.create_task(session.next_tick("waiting"))  # queued behind the first
-    streaming = asyncio.create_task(anext(aiter(session.stream_tick("streaming"))))
-    await asyncio.sleep(0)
+    requested = session.next_tick("requested")
+    streaming = session.stream_tick("streaming")
+    session.interrupt()
+    with pytest.raises(TickSupersededError):
+        await requested
+    with pytest.raises(TickSupersededError):
+        await anext(aiter(streaming))
+    before_reset = session.next_tick("before reset")
     await session.reset()
-    executor.gate.set()
-    for task in (first, waiting, streaming):
-        with pytest.raises(TickSupersededError):
-            await task
-    assert [s.payload for s in executor.snapshots] == ["first"]  # neither waiter reached the executor
-    assert outcomes == ["superseded"] * 3 and reducer.commits == 0
-    assert (await session.next_tick("after")).value == 0  # a tick requested after the reset runs
+    with pytest.raises(TickSupersededError):
+        await before_reset
+    assert executor.snapshots == [] and outcomes == ["superseded"] * 3 and reducer.commits == 0
+    assert (await session.next_tick("after")).value == 0  # a tick requested after them runs

@@ -1,4 +1,4 @@
-"""pi0-tiny: shapes, determinism, prefix-KV reuse, real-time chunking, presets."""
+"""pi0-tiny (``Pi0Policy`` with random weights): shapes, determinism, prefix-KV reuse, real-time chunking, presets."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ import pytest
 import torch
 
 from models.policy import presets
-from models.policy.examples import aloha, droid, libero
 from models.policy.interface import ObservationError
-from models.policy.pi0_tiny import Pi0TinyPolicy
+from models.policy.pi0 import flow_times
+from models.policy.pi0_policy import Pi0Policy
 from models.policy.rtc import RTCOptions, prefix_weights
+from realtime.bench.examples import aloha, droid, libero
 from realtime.protocols import openpi
 
 
 @pytest.fixture(scope="module")
-def policy() -> Pi0TinyPolicy:
-    return Pi0TinyPolicy()
+def policy() -> Pi0Policy:
+    return Pi0Policy()
 
 
 def pi0_obs(seed: int = 0) -> dict:
@@ -32,15 +33,18 @@ def pi0_obs(seed: int = 0) -> dict:
     }
 
 
-def run(policy: Pi0TinyPolicy, *observations: dict) -> list[np.ndarray]:
+def run(policy: Pi0Policy, *observations: dict) -> list[np.ndarray]:
     items = [policy.prepare(o) for o in observations]
     return policy.infer(items, [None] * len(items))
 
 
-@pytest.mark.parametrize("make", [libero, droid, aloha, pi0_obs])
-def test_every_preset_gives_finite_chunks_of_the_advertised_shape(policy, make):
+@pytest.mark.parametrize(("make", "dims"), [(libero, 7), (droid, 8), (aloha, 14), (pi0_obs, 32)])
+def test_every_preset_gives_finite_chunks_of_its_robots_action_dims(policy, make, dims):
+    """``auto`` returns what the metadata's ``observation_presets`` say for the detected robot
+    (issue 29: LIBERO got 32 dims while the metadata said 7)."""
     (chunk,) = run(policy, make())
-    assert chunk.shape == (50, 32) and chunk.dtype == np.float32 and np.isfinite(chunk).all()
+    assert chunk.shape == (50, dims) and chunk.dtype == np.float32 and np.isfinite(chunk).all()
+    assert dims == policy.spec.metadata()["observation_presets"][presets.detect(make()).name]["action_dim"]
     assert chunk.std() > 0.01
 
 
@@ -50,7 +54,7 @@ def test_seeded_deterministic_and_batch_invariant(policy):
     batched = run(policy, *obs)
     for a, b in zip(alone, batched, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
-    np.testing.assert_array_equal(run(Pi0TinyPolicy(), obs[0])[0], alone[0])
+    np.testing.assert_array_equal(run(Pi0Policy(), obs[0])[0], alone[0])
     assert not np.allclose(alone[0], alone[1], atol=1e-3)  # observations matter
 
 
@@ -59,12 +63,11 @@ def test_reusing_prefix_kv_equals_recomputing_it_every_step(policy):
     items = [policy.prepare(o) for o in (libero(1), aloha(2))]
     inputs = policy.collate(items).as_args()
     with torch.no_grad():
-        reused = model.sample(model.prefix_cache(*model.embed_prefix(*inputs)))
+        reused = model.sample(model.prefix_cache(*model.embed_prefix(*inputs[:4]), inputs[4]))
         x = model.noise.expand(2, -1, -1).clone()
-        steps = model.config.num_steps
-        for i in range(steps):
-            fresh = model.prefix_cache(*model.embed_prefix(*inputs))
-            x = x - model.velocity(fresh, x, torch.full((2,), 1.0 - i / steps)) / steps
+        for t in flow_times(model.config.num_steps):
+            fresh = model.prefix_cache(*model.embed_prefix(*inputs[:4]), inputs[4])
+            x = x + np.float32(-0.1).item() * model.velocity(fresh, x, torch.full((2,), t))
     torch.testing.assert_close(reused, x, rtol=0, atol=1e-6)
 
 
@@ -151,7 +154,7 @@ def test_presets_are_detected_from_keys(make, name):
 
 
 def test_fixed_preset_advertises_and_returns_the_robot_action_dims():
-    aloha_policy = Pi0TinyPolicy(preset="aloha")
+    aloha_policy = Pi0Policy(preset="aloha")
     meta = aloha_policy.spec.metadata()
     assert meta["action_dim"] == 14 and meta["reset_pose"] == [0.0, -1.5, 1.5, 0.0, 0.0, 0.0]
     assert meta["camera_keys"] == ["cam_high", "cam_left_wrist", "cam_right_wrist"]

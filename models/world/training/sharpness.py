@@ -9,9 +9,9 @@
 - :func:`psnr` for reconstructions (the training script reports the decoder's PSNR on held-out
   clips; generated frames have no pixel-aligned ground truth: the model is not image-conditioned).
 
-CLI (also run at the end of ``models.world.train``)::
+CLI (also run at the end of ``models.world.training.train``)::
 
-    python -m models.world.sharpness --weights A.safetensors B.safetensors --png side_by_side.png
+    python -m models.world.training.sharpness --weights A.safetensors B.safetensors --png side_by_side.png
 
 prints one JSON line of stats per model and for the environment, and with ``--png`` writes a
 side-by-side sheet: one row per model (environment first), frames along the script.
@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models.world.configs import read_config
-from models.world.env import MazeEnv, rollout
 from models.world.model import WorldModel, WorldTick
+from models.world.training.env import MazeEnv, rollout
 
 # (action, latent frames held): 1 latent frame = 4 pixel frames; lengths are even so that any
 # frames_per_block in {1, 2} splits them into whole blocks

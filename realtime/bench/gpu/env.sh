@@ -1,0 +1,31 @@
+# Sourced by the GPU run scripts of this folder, from the repo root on the device machine.
+#
+# The bare device machine lacks some packages: carry their wheels in .whl/ (listed in
+# docs/benchmarks.md, "GPU runs"); they are installed into /tmp/site. Output goes to $OUT (the
+# device tool's folder), else ./out. FA4_PATH (optional): folders to add to PYTHONPATH for
+# FlashAttention-4, colon-separated (docs/benchmarks-log.md, "world: FlashAttention-4", says which).
+# `bench ARGS` is `realtime bench ARGS` from this checkout.
+# `require_cuda` ends the calling script with status 0 and one line when torch finds no CUDA device.
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH="/tmp/site:$PWD${FA4_PATH:+:$FA4_PATH}"
+else
+    export PYTHONPATH="$PWD${FA4_PATH:+:$FA4_PATH}"
+fi
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+OUT="${OUT:-out}"
+mkdir -p "$OUT"
+set -o pipefail
+
+bench() {
+    python3 -m realtime.cli bench "$@"
+}
+
+require_cuda() {
+    if ! python3 -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+        echo "$(basename "$0"): torch finds no CUDA device; nothing to run"
+        exit 0
+    fi
+}

@@ -1,0 +1,226 @@
+"""``realtime serve --replicas N [--ray-address ADDR]``: the deploy config as a Ray Serve app.
+
+:func:`application` is the Serve application (``deploy/ray/app.py`` builds the same for ``serve
+run``): ``N`` replicas of :class:`~realtime.scale.replica.RealtimeReplica`, each with the
+``replicas.*`` resources, ``server.max_connections`` as its ``max_ongoing_requests``,
+``server.shutdown_timeout_s`` as its graceful shutdown bound, and the session router
+(``realtime.scale.router``) fed by routing stats every ``replicas.stats_period_s``.
+
+:func:`serve_replicas` runs it: a local Ray instance of its own (or the cluster at ``ADDR``),
+Serve's HTTP proxy on ``server.host``/``server.port`` (the single server's address, so every
+client works unchanged), the app under the route prefix ``/``; it logs ``ready`` with the URL
+once every replica loaded its models, and on SIGTERM/SIGINT drains every replica (its websockets
+closed with 1001 like the single server's), deletes the app and its checkpoint store and
+disconnects from Ray (a local instance ends with it). Exit status: 0 after
+a signal, 1 when a replica's model load failed or the app did not deploy, 2 for a config the
+replicas cannot run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.config import HTTPOptions, RequestRouterConfig
+
+from realtime.config import ConfigError, DeployConfig
+from realtime.scale.checkpoints import remove_store
+from realtime.scale.replica import DEPLOYMENT, Peers, RealtimeReplica
+from realtime.scale.router import SessionRouter
+
+log = logging.getLogger("realtime.scale.launch")
+
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+PROXY_CALLBACK = "realtime.scale.proxy:middlewares"
+POLL_S = 0.5
+
+
+def check_config(config: DeployConfig, config_name: str) -> None:
+    """What a replica deployment needs of a config beyond the schema; raises ``ConfigError``."""
+    gpus = config.replicas.num_gpus
+    if 0 < gpus < 1 and config.runtime.memory_available_bytes is None:
+        raise ConfigError(
+            config_name,
+            "replicas.num_gpus",
+            f"{gpus:g} GPU per replica shares a GPU: set runtime.memory_available_bytes to each "
+            "replica's share, or every replica plans its pools from the whole GPU's free memory",
+        )
+
+
+def application(config: DeployConfig, num_replicas: int) -> serve.Application:
+    """The Serve application of ``config`` with ``num_replicas`` replicas (module docstring)."""
+    rc = config.replicas
+    actor_options: dict[str, Any] = {"num_cpus": rc.num_cpus, "num_gpus": rc.num_gpus}
+    if rc.memory_bytes is not None:
+        actor_options["memory"] = rc.memory_bytes
+    deployment = serve.deployment(
+        RealtimeReplica,
+        name=DEPLOYMENT,
+        num_replicas=num_replicas,
+        ray_actor_options=actor_options,
+        max_ongoing_requests=config.server.max_connections,
+        max_queued_requests=rc.max_queued_requests,
+        health_check_period_s=rc.health_check_period_s,
+        health_check_timeout_s=rc.health_check_timeout_s,
+        graceful_shutdown_timeout_s=config.server.shutdown_timeout_s,
+        request_router_config=RequestRouterConfig(
+            request_router_class=SessionRouter,
+            request_routing_stats_period_s=rc.stats_period_s,
+            request_routing_stats_timeout_s=max(rc.stats_period_s, rc.peer_timeout_s) * 3,
+        ),
+    )
+    return deployment.bind(config)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _status(url: str, api_key: str | None) -> dict[str, Any] | None:
+    request = urllib.request.Request(f"{url}/v1/status")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+    except (OSError, urllib.error.URLError, ValueError):  # the proxy not up yet, a slow answer
+        return None
+
+
+def wait_ready(url: str, num_replicas: int, stop: threading.Event, api_key: str | None = None) -> str | None:
+    """Block until ``num_replicas`` replicas are ready (``None``), a replica's load failed (its
+    error), or ``stop`` is set (``"stopped"``), polling the cluster's ``/v1/status`` (with
+    ``api_key`` when ``server.api_keys`` has keys)."""
+    while not stop.wait(POLL_S):
+        status = _status(url, api_key)
+        if status is None:
+            continue
+        replicas = status.get("replicas", [])
+        failed = [r["load_error"] for r in replicas if r.get("load_error")]
+        if failed:
+            return failed[0]
+        if sum(1 for r in replicas if r.get("ready")) >= num_replicas:
+            return None
+    return "stopped"
+
+
+def start_ray(config: DeployConfig, num_replicas: int, ray_address: str | None) -> None:
+    """A local Ray instance sized for ``num_replicas`` replicas (the proxy callback in its
+    environment), or the cluster at ``ray_address``."""
+    if ray_address is not None:
+        ray.init(address=ray_address, logging_level=logging.WARNING)
+        return
+    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)  # the local proxy inherits it
+    ray.init(
+        address="local",
+        num_cpus=max(os.cpu_count() or 1, math.ceil(num_replicas * config.replicas.num_cpus)),
+        include_dashboard=False,
+        object_store_memory=config.replicas.object_store_bytes,
+        logging_level=logging.WARNING,
+    )
+
+
+def deploy(config: DeployConfig, num_replicas: int, host: str, port: int) -> str:
+    """Serve's proxy on ``host:port`` and the app of ``config`` with ``num_replicas`` replicas
+    (a running app of the same name is updated); returns the URL. Raises ``RuntimeError`` when
+    the app does not deploy."""
+    serve.start(http_options=HTTPOptions(host=host, port=port))
+    serve.run(application(config, num_replicas), name=config.replicas.app_name, route_prefix="/")
+    return f"http://{host}:{port}"
+
+
+def undeploy(config: DeployConfig) -> dict[str, int]:
+    """Drain every replica, delete the app and its checkpoint store; returns the drain's counts."""
+    app_name = config.replicas.app_name
+    drained = drain(app_name, config.server.shutdown_timeout_s)
+    serve.delete(app_name)
+    remove_store(app_name)
+    return drained
+
+
+def serve_replicas(
+    config: DeployConfig,
+    config_name: str,
+    num_replicas: int,
+    ray_address: str | None,
+    host: str | None = None,
+    port: int | None = None,
+) -> int:
+    """Run the deployment until SIGTERM/SIGINT (module docstring); returns the exit status."""
+    try:
+        check_config(config, config_name)
+    except ConfigError as exc:
+        print(f"realtime: {exc}", flush=True, file=sys.stderr)
+        return 2
+    host = host or config.server.host
+    port = config.server.port if port is None else port
+    if port == 0:
+        port = _free_port(host)
+    start_ray(config, num_replicas, ray_address)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    status = 0
+    try:
+        url = deploy(config, num_replicas, host, port)
+        api_key = config.server.api_keys[0] if config.server.api_keys else None
+        failure = wait_ready(url, num_replicas, stop, api_key)
+        if failure is None:
+            log.info(
+                "ready",
+                extra={"url": url, "replicas": num_replicas, "kinds": ",".join(config.enabled_kinds())},
+            )
+            stop.wait()
+        elif failure != "stopped":
+            print(f"realtime: model loading failed: {failure}", flush=True, file=sys.stderr)
+            status = 1
+    except RuntimeError as exc:  # the app did not deploy (Serve names the replica's error)
+        print(f"realtime: the replicas did not start: {str(exc).splitlines()[0]}", file=sys.stderr)
+        status = 1
+    finally:
+        started = time.monotonic()
+        try:
+            drained = undeploy(config)
+        finally:
+            ray.shutdown()  # a local instance ends with it; a cluster keeps Serve for its other apps
+        log.info("stopped", extra={"seconds": round(time.monotonic() - started, 1), **drained})
+    return status
+
+
+def drain(app_name: str, timeout_s: float) -> dict[str, int]:
+    """Every replica closes its websockets with 1001 (``RealtimeReplica.drain``), so deleting the
+    app does not wait for them (Serve would hold each replica until its graceful shutdown bound,
+    then kill it: its clients would get 1012 instead of 1001). Returns the summed counts."""
+    peers = Peers(app_name, tag="", timeout_s=timeout_s + 5)
+
+    async def all_replicas() -> list[dict[str, int] | None]:
+        calls = [peers.call("drain", tag).remote(tag) for tag in peers.tags()]
+        return await asyncio.gather(
+            *(asyncio.wait_for(c, peers.timeout_s) for c in calls), return_exceptions=True
+        )
+
+    totals = {"closed": 0, "aborted": 0, "undrained": 0}
+    try:
+        results = asyncio.run(all_replicas())
+    except Exception:  # noqa: BLE001 - nothing deployed yet: nothing to drain
+        return totals
+    for result in results:
+        if isinstance(result, dict):
+            for key in totals:
+                totals[key] += result[key]
+    return totals
