@@ -22,9 +22,13 @@ behind the step, on their own threads:
   clause spoken into the reply's playout. A session's next reply starts once its previous one
   let go of the conversation.
 
-Barge-in: the turn-taker cancels the reply (its thread stops at the next step, its audio is
-dropped) and the step answers ``speaking=False`` at once; the duplex kind, which saw the same
-speech, has already bumped the epoch and sent ``response.listen``. The conversation (a session's
+Barge-in comes two ways, and both cut the reply (its thread stops at its next model step, its
+audio is dropped) and answer ``speaking=False`` in that same step: the duplex kind's own barge-in
+(user audio over its RMS threshold while a response is open) or a client's ``response.cancel``
+bump the session's epoch, which the step sees on its item (``StageItem.epoch``); the
+turn-taker's (``barge_in_ms`` of speech by the VAD while the model answers) catches speech the
+kind's RMS rule misses. The kind closes the response, sends ``response.listen`` and keeps the
+model muted until the step says listen. The conversation (a session's
 chat messages) keeps what the user heard: a cut reply's clauses up to the cut.
 
 Per-session state lives in the slot's :class:`CascadeSession` (the step's; the threads hand
@@ -253,6 +257,7 @@ class CascadeSession:
         self.backchannel_audio = clip
         self.last_thread: threading.Thread | None = None  # the newest reply's (it may still run)
         self.step = 0
+        self.epoch = 0  # the session's epoch as its items carry it (a bump: the kind cut the reply)
 
     def remember(self, message: ChatMessage, limit: int) -> None:
         """Add to the history, keeping at most ``limit`` messages, starting at a user turn."""
@@ -329,6 +334,8 @@ class CascadeStage:
             session = self.sessions[item.slot]  # type: ignore[index]
             try:
                 assert session is not None, f"slot {item.slot} is not open"
+                if item.epoch > session.epoch:
+                    self._interrupted(session, item.epoch)
                 outputs.append(self._advance(session, frames.frames, frames.probabilities))
             except Exception as exc:
                 log.exception("duplex cascade: a session's step failed")
@@ -432,6 +439,15 @@ class CascadeStage:
         finally:
             reply.playout.finished = True
             log.debug("duplex cascade reply generated", extra={"seconds": time.perf_counter() - started})
+
+    def _interrupted(self, session: CascadeSession, epoch: int) -> None:
+        """The kind bumped the session's epoch (its barge-in, a client's ``response.cancel``): the
+        reply it was playing is cut now, in this step, and the user's speech is a turn."""
+        session.epoch = epoch
+        session.clip = None
+        if session.reply is not None and session.reply.committed:
+            self._cancel(session, "interrupted")
+        session.turns.interrupted()
 
     def _cancel(self, session: CascadeSession, reason: str) -> None:
         reply, session.reply = session.reply, None

@@ -25,7 +25,8 @@ end-of-turn signal from the transcript); thresholds in :class:`TurnRules`:
   cancels it (:class:`Cancel` ``speech_resumed``) and the turn goes on.
 - **Barge-in**: ``barge_in_ms`` of continuous speech while the model answers (from its commit
   until :meth:`TurnTaker.reply_done`) cancels the reply (:class:`Cancel` ``barge_in``); that
-  speech is the user's next turn. Shorter speech that starts while the model answers (a user's
+  speech is the user's next turn. A cut from outside (:meth:`TurnTaker.interrupted`: the kind's
+  own barge-in or a client's cancel, seen as an epoch bump) does the same. Shorter speech that starts while the model answers (a user's
   "mm-hmm", a cough) is an aside: not transcribed, no turn.
 - **Backchannel** (``backchannel``, off by default): at a pause of a user turn already
   ``backchannel_after_ms`` long whose transcript does not sound complete (the user is mid-thought)
@@ -201,6 +202,11 @@ class TurnTaker:
     def reply_done(self) -> None:
         """The committed reply played out (or failed): the model listens again."""
         self.answering = False
+
+    def interrupted(self) -> None:
+        """The reply was cut from outside (the duplex kind's barge-in or a client's cancel): the
+        model listens, and speech under way is the user's next turn, not an aside."""
+        self.answering = self._aside = False
 
     # -- the rules ------------------------------------------------------------------------
     def _frame(self, frame: np.ndarray, p: float) -> list[Action]:

@@ -35,13 +35,15 @@ def said(text: str) -> list[np.ndarray]:
     return list(padded.reshape(-1, FRAME_SAMPLES))
 
 
-def clocked(stage, session_id: str, slot: int, frames: Iterator[np.ndarray | None]) -> Iterator[DuplexOutput]:
+def clocked(
+    stage, session_id: str, slot: int, frames: Iterator[np.ndarray | None], epoch: int = 0
+) -> Iterator[DuplexOutput]:
     """One session stepped every 80 ms on ``frames`` (None: the silence a session steps on)."""
     start = time.monotonic()
     for n, pcm in enumerate(frames):
         time.sleep(max(0.0, start + n * PERIOD_S - time.monotonic()))
         payload = stage.silence() if pcm is None else DuplexInput(pcm)
-        (out,) = stage.forward([StageItem(session_id, 0, payload, slot=slot)])
+        (out,) = stage.forward([StageItem(session_id, epoch, payload, slot=slot)])
         assert isinstance(out, DuplexOutput), out
         yield out
 
@@ -103,6 +105,31 @@ def test_the_stage_yields_within_barge_in_and_its_reply_stops(stage) -> None:
         assert session.history[-1].role == "assistant" and session.history[-1].content == story.text
     finally:
         stage.release_state("b", 0, None)
+
+
+def test_an_epoch_bump_cuts_the_reply_in_that_step_and_the_speech_is_answered(stage) -> None:
+    stage.open_state("e", 2)
+    session = stage.sessions[2]
+    try:
+        spoken = 0
+        for out in clocked(
+            stage, "e", 2, iter([*said("Tell me a long story about a dragon."), *silence(30)])
+        ):
+            spoken += out.speaking
+            if spoken == 6:
+                break
+        story = session.reply
+        frames = iter([*said("What is the capital of Germany?"), *silence(30)])
+        outs = clocked(stage, "e", 2, frames, epoch=1)  # the kind's barge-in bumped the epoch
+        assert not next(outs).speaking and story.stop.is_set() and session.reply is None
+        for _ in outs:
+            if session.reply is not None and session.reply.committed:
+                break
+        assert [m.content for m in session.history if m.role == "user"][
+            -1
+        ] == "What is the capital of Germany?"
+    finally:
+        stage.release_state("e", 2, None)
 
 
 def test_release_during_a_reply_stops_it_and_frees_the_conversation(stage) -> None:

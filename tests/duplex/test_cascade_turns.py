@@ -179,6 +179,20 @@ def test_speech_shorter_than_barge_in_while_the_model_answers_is_an_aside() -> N
     assert not taker.answering
 
 
+def test_a_cut_from_outside_makes_speech_under_way_a_turn() -> None:
+    taker = TurnTaker(TurnRules(partial_ms=0))
+    push(taker, 640, SPEECH)
+    _, actions = until(taker, QUIET, Transcribe)
+    taker.transcribed(final(actions).request, "Tell me a story.")
+    until(taker, QUIET, Commit)
+    assert push(taker, 64, SPEECH) == []  # under barge-in: an aside so far
+    taker.interrupted()  # the kind's barge-in (its RMS rule fired first)
+    assert not taker.answering
+    assert push(taker, 640, SPEECH) == []  # no second cancel
+    _, actions = until(taker, QUIET, Transcribe)
+    assert taker.transcribed(final(actions).request, "Stop.") == [Draft("Stop.")]
+
+
 def test_the_streaming_transcript_is_requested_every_partial_ms_of_speech() -> None:
     taker = TurnTaker(TurnRules(partial_ms=500))
     actions = push(taker, 1600, SPEECH)
