@@ -15,8 +15,10 @@ session's playout (silence while listening), the text of each clause as its audi
 the listen/speak decision (speaking = a committed reply's audio is playing). The heavy parts run
 behind the step, on their own threads:
 
-- one transcription thread (:class:`Transcriber`) for every session: the newest request of each
-  session (streaming or end-of-turn), transcribed in batches (``WhisperAsr.transcribe_batch``);
+- two transcription threads (:class:`Transcriber`) for every session, one for the end-of-turn
+  transcripts and one for the streaming ones (so an end of turn never waits behind a streaming
+  re-decode; Whisper runs two calls at once): the newest request of each session, in batches
+  (``WhisperAsr.transcribe_batch``);
 - one thread per reply (:class:`Reply`): SmolLM2's pieces through the LLM stage's gate (at most
   ``llm_workers`` forwards at once), paced to stay ``max_lead_s`` of audio ahead of playout, each
   clause spoken into the reply's playout. A session's next reply starts once its previous one
@@ -111,7 +113,7 @@ def load_parts(llm_context_tokens: int, max_conversations: int) -> CascadeParts:
     from models.voice.asr import WhisperAsr
 
     chat = TransformersChat(max_conversations=max_conversations, max_context_tokens=llm_context_tokens)
-    return CascadeParts(SileroVad(), WhisperAsr(), chat, HibariTts())
+    return CascadeParts(SileroVad(), WhisperAsr(workers=2), chat, HibariTts())
 
 
 # ----------------------------------------------------------------------------- playout
@@ -192,40 +194,40 @@ class _Job:
 class Transcriber:
     """Transcription requests of every session on one thread, in batches of up to ``max_batch``.
 
-    Only the newest request of each session and kind (streaming / end-of-turn) waits: a newer one
-    supersedes it. End-of-turn requests go first. Each text goes back to its session's
-    ``transcripts`` deque (a released session's results land in its dead object). The thread
-    starts at the first request and exits after ``idle_s`` without any, so a stage needs no close.
+    Only the newest request of each session waits: a newer one supersedes it. Each text goes back
+    to its session's ``transcripts`` deque (a released session's results land in its dead
+    object). The thread starts at the first request and exits after ``idle_s`` without any, so a
+    stage needs no close.
     """
 
-    def __init__(self, asr: Any, max_batch: int, idle_s: float = 5.0) -> None:
+    def __init__(self, asr: Any, max_batch: int, name: str, idle_s: float = 5.0) -> None:
         self.asr = asr
         self.max_batch = max_batch
+        self.name = name
         self.idle_s = idle_s
         self.batches = 0  # Whisper calls made (tests, metrics)
         self._cond = threading.Condition()
-        self._pending: dict[tuple[int, bool], _Job] = {}
+        self._pending: dict[int, _Job] = {}  # by id() of the session
         self._running = False
 
     def submit(self, session: CascadeSession, request: Transcribe) -> None:
         with self._cond:
-            self._pending[(id(session), request.final)] = _Job(session, request)
+            self._pending[id(session)] = _Job(session, request)
             if not self._running:
                 self._running = True
-                threading.Thread(target=self._run, name="duplex-asr", daemon=True).start()
+                threading.Thread(target=self._run, name=self.name, daemon=True).start()
             self._cond.notify()
 
     def forget(self, session: CascadeSession) -> None:
         with self._cond:
-            for final in (True, False):
-                self._pending.pop((id(session), final), None)
+            self._pending.pop(id(session), None)
 
     def _take(self) -> list[_Job]:
         with self._cond:
             if not self._pending and not self._cond.wait_for(lambda: bool(self._pending), self.idle_s):
                 self._running = False
                 return []
-            keys = sorted(self._pending, key=lambda k: not k[1])[: self.max_batch]  # finals first
+            keys = list(self._pending)[: self.max_batch]  # oldest first
             return [self._pending.pop(k) for k in keys]
 
     def _run(self) -> None:
@@ -289,7 +291,8 @@ class CascadeStage:
             first_clause_words=s.first_clause_words,
             pacing=PacingPolicy(s.max_lead_s, min(1.0, s.max_lead_s)),
         )
-        self.transcriber = Transcriber(parts.asr, s.asr_max_batch)
+        self.finals = Transcriber(parts.asr, s.asr_max_batch, "duplex-asr-final")
+        self.partials = Transcriber(parts.asr, s.asr_max_batch, "duplex-asr-partial")
         self.backchannel_audio = parts.tts.synthesize(BACKCHANNEL_TEXT) if s.rules.backchannel else None
         self.sessions: list[CascadeSession | None] = [None] * slot_capacity
 
@@ -316,7 +319,8 @@ class CascadeStage:
         if session is not None:
             if session.reply is not None:
                 session.reply.stop.set()
-            self.transcriber.forget(session)
+            self.finals.forget(session)
+            self.partials.forget(session)
         self.parts.chat.release(session_id)
         self.vad.release_state(session_id, slot, state)
 
@@ -356,8 +360,8 @@ class CascadeStage:
 
     def _act(self, session: CascadeSession, action: Action) -> None:
         match action:
-            case Transcribe():
-                self.transcriber.submit(session, action)
+            case Transcribe(final=final):
+                (self.finals if final else self.partials).submit(session, action)
             case Draft(text):
                 self._start_reply(session, text)
             case Commit(text):

@@ -125,7 +125,8 @@ class WhisperAsr:
     """A Whisper model loaded once per process; ``transcribe`` may be called from any thread.
 
     ``language=None`` detects the language per utterance (one extra decoder step); a code such
-    as ``"en"`` skips detection. ``cpu_threads`` is CTranslate2's intra-op thread count.
+    as ``"en"`` skips detection. ``cpu_threads`` is CTranslate2's intra-op thread count;
+    ``workers`` how many calls from different threads run at once (more run one at a time).
     ``pad_seconds`` of silence follow the audio in the short window (Whisper tends to drop the
     last word when the window ends right on speech). Decoding is greedy, at most
     ``tokens_per_second`` tokens per second of audio plus 16 (a guard against repetition loops),
@@ -138,13 +139,18 @@ class WhisperAsr:
         *,
         compute_type: str = "int8",
         cpu_threads: int = 1,
+        workers: int = 1,
         language: str | None = "en",
         pad_seconds: float = 0.5,
         tokens_per_second: float = 12.0,
     ) -> None:
         self.model_dir = Path(model_dir) if model_dir is not None else whisper_base_dir()
         self._whisper = WhisperModel(
-            str(self.model_dir), device="cpu", compute_type=compute_type, cpu_threads=cpu_threads
+            str(self.model_dir),
+            device="cpu",
+            compute_type=compute_type,
+            cpu_threads=cpu_threads,
+            num_workers=workers,
         )
         self._ct2: ctranslate2.models.Whisper = self._whisper.model
         self._features = self._whisper.feature_extractor

@@ -15,6 +15,7 @@ SCENARIOS: dict[str, str] = {
     "world": "realtime.bench.world",
     "voice": "realtime.bench.voice",
     "duplex": "realtime.bench.duplex",
+    "duplex-cascade": "realtime.bench.duplex_cascade",
     "llm": "realtime.bench.llm",
     "scale": "realtime.bench.scale",
     "reliability": "realtime.bench.reliability",

@@ -50,6 +50,7 @@ class Microphone:
 
     def say(self, text: str) -> None:
         audio = spoken_24k(text, 0.0, 0.0)
+        audio = audio[: int(np.nonzero(np.abs(audio) > 0.01)[0][-1]) + 480]  # the voice ends here
         frames = -(-len(audio) // FRAME_SAMPLES)
         padded = np.zeros(frames * FRAME_SAMPLES, np.float32)
         padded[: len(audio)] = audio

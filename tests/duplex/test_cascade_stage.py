@@ -48,7 +48,9 @@ def clocked(
         yield out
 
 
-def silence(seconds: float) -> Iterator[None]:
+def silence(seconds: float = 60.0) -> Iterator[None]:
+    """Silence frames; the loops break as soon as what they wait for happens (the bound only
+    ends a test whose model never answers)."""
     return iter([None] * int(seconds / PERIOD_S))
 
 
@@ -81,7 +83,7 @@ def test_the_stage_yields_within_barge_in_and_its_reply_stops(stage) -> None:
     stage.open_state("b", 0)
     session = stage.sessions[0]
     try:
-        frames = iter([*said("Tell me a long story about a dragon."), *silence(30)])
+        frames = iter([*said("Tell me a long story about a dragon."), *silence()])
         spoken = 0
         for out in clocked(stage, "b", 0, frames):
             spoken += out.speaking
@@ -89,7 +91,7 @@ def test_the_stage_yields_within_barge_in_and_its_reply_stops(stage) -> None:
                 break
         story = session.reply
         assert story is not None and story.committed and story.thread.is_alive()
-        interruption = iter([*said("What is the capital of Germany?"), *silence(15)])
+        interruption = iter([*said("What is the capital of Germany?"), *silence()])
         after = []
         for out in clocked(stage, "b", 0, interruption):
             after.append((session.turns.in_speech, out))
@@ -112,19 +114,19 @@ def test_an_epoch_bump_cuts_the_reply_in_that_step_and_the_speech_is_answered(st
     session = stage.sessions[2]
     try:
         spoken = 0
-        for out in clocked(
-            stage, "e", 2, iter([*said("Tell me a long story about a dragon."), *silence(30)])
-        ):
+        for out in clocked(stage, "e", 2, iter([*said("Tell me a long story about a dragon."), *silence()])):
             spoken += out.speaking
             if spoken == 6:
                 break
         story = session.reply
-        frames = iter([*said("What is the capital of Germany?"), *silence(30)])
+        frames = iter([*said("What is the capital of Germany?"), *silence()])
         outs = clocked(stage, "e", 2, frames, epoch=1)  # the kind's barge-in bumped the epoch
         assert not next(outs).speaking and story.stop.is_set() and session.reply is None
         for _ in outs:
             if session.reply is not None and session.reply.committed:
                 break
+        else:
+            raise AssertionError("the interruption was never answered")
         assert [m.content for m in session.history if m.role == "user"][
             -1
         ] == "What is the capital of Germany?"
@@ -135,9 +137,11 @@ def test_an_epoch_bump_cuts_the_reply_in_that_step_and_the_speech_is_answered(st
 def test_release_during_a_reply_stops_it_and_frees_the_conversation(stage) -> None:
     stage.open_state("r", 1)
     session = stage.sessions[1]
-    for _ in clocked(stage, "r", 1, iter([*said("Tell me a long story about a dragon."), *silence(3)])):
+    for _ in clocked(stage, "r", 1, iter([*said("Tell me a long story about a dragon."), *silence()])):
         if session.reply is not None and session.reply.playout.ready():
             break
+    else:
+        raise AssertionError("no reply")
     reply = session.reply
     assert reply is not None
     stage.release_state("r", 1, None)
