@@ -408,7 +408,7 @@ class CascadeStage:
             target=self._generate,
             args=(session.session_id, reply, messages, previous),
             name="duplex-reply",
-            daemon=True,
+            daemon=False,  # joined at exit: a stopped reply ends at its next model step, out of torch
         )
         reply.thread.start()
         return reply
