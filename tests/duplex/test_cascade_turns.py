@@ -149,6 +149,19 @@ def test_a_late_transcript_heard_while_the_user_speaks_again_opens_the_next_turn
     ]
 
 
+def test_an_utterance_at_its_length_bound_is_a_turn() -> None:
+    taker = TurnTaker(TurnRules(partial_ms=0, max_utterance_ms=2000))
+    actions = push(taker, 2016, SPEECH)
+    (request,) = [a for a in actions if isinstance(a, Transcribe)]
+    assert request.final and len(request.audio) == 2000 // FRAME_MS * FRAME_SAMPLES
+    assert push(taker, 320, SPEECH) == []  # speech goes on: a new utterance ...
+    assert taker.transcribed(request.request, "I have a lot to say about this") == []
+    _, actions = until(taker, QUIET, Transcribe)  # ... whose turn carries the bounded one's words
+    assert taker.transcribed(final(actions).request, "And that is all.") == [
+        Draft("I have a lot to say about this And that is all.")
+    ]
+
+
 def test_barge_in_cancels_the_reply_after_barge_in_ms_of_speech_and_becomes_the_next_turn() -> None:
     rules = TurnRules(partial_ms=0)
     taker = TurnTaker(rules)
