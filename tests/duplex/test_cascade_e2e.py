@@ -1,8 +1,9 @@
 """The default duplex model (``duplex-cascade``) converses, end to end: the real server over
 loopback with the offline voice parts (Silero VAD, Whisper-base, SmolLM2-135M, hibari), a
 question spoken by the hibari voice at real-time pace (80 ms appends, then the silence a live
-microphone sends), the answer's audio transcribed by the bundled Whisper. One server for the
-module: the weights load once."""
+microphone sends), the answer's audio transcribed by the bundled Whisper; and the demo page in
+headless Chromium, whose fake microphone asks the same question. One server for the module: the
+weights load once."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from openai import AsyncOpenAI
 
 from models.duplex.stage import FRAME_SAMPLES, SAMPLE_RATE
 from models.voice.audio import float_to_pcm16, pcm16_to_float
+from tests.browser.conftest import browser, open_page  # noqa: F401 (the headless Chromium fixture)
 from tests.duplex.kind_server import connect, duplex_server
 from tests.voice.speech import QUESTION, spoken_24k
 
@@ -156,3 +158,21 @@ def _slot(service, session_id: str) -> int:
     return next(
         i for i, s in enumerate(service.stage.sessions) if s is not None and s.session_id == session_id
     )
+
+
+async def test_the_demo_page_is_answered(cascade, browser, tmp_path) -> None:  # noqa: F811 (fixture)
+    """``/demo/duplex`` as a person uses it: "start talking", the (fake) microphone asks "What is
+    the capital of France?", the page plays the answer and shows its transcript."""
+    base, service = cascade
+    http = base.replace("ws://", "http://")
+    async with open_page(browser, tmp_path / "duplex-cascade-page.png") as (page, console):
+        await page.goto(f"{http}/demo/duplex")
+        await page.click("#start")
+        answered = "Object.values(window.duplexStats.finalTranscripts).some((t) => /paris/i.test(t))"
+        await page.wait_for_function(answered, timeout=90_000)
+        stats = await page.evaluate("window.duplexStats")
+        await page.click("#stop")
+        await page.wait_for_function("window.duplexStats.state === 'closed'", timeout=10_000)
+    assert stats["audioDeltas"] > 10 and stats["ackedMs"] > 0, stats  # the answer arrived and played
+    assert {"speaking", "listening"} <= set(stats["indicator"])
+    assert stats["errors"] == [] and console.errors == [], (stats["errors"], console.errors)
