@@ -198,6 +198,14 @@ class AppState:
                 log.exception("session kind stop failed", extra={"kind": kind.name})
 
 
+def _loop_tasks() -> int:
+    """Tasks on the running loop (read at scrape time, on the loop); 0 off the loop."""
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:
+        return 0
+
+
 class GcPauses:
     """Observes every garbage collection's pause into a histogram (a ``gc.callbacks`` entry
     while installed: from the app's startup to its shutdown)."""
@@ -354,6 +362,10 @@ def create_app(config: DeployConfig, routes_first: Sequence[BaseRoute] = ()) -> 
     conn_gauge = Gauge(
         "realtime_websocket_connections", "open websocket connections", ["kind"], registry=registry
     )
+    tasks_gauge = Gauge(
+        "realtime_event_loop_tasks", "asyncio tasks alive on the server's loop", registry=registry
+    )
+    tasks_gauge.set_function(_loop_tasks)
     kinds = [build_kind(name, context) for name in config.enabled_kinds()]
     for kind in kinds:
         conn_gauge.labels(kind=kind.name).set_function(lambda k=kind.name: connections.count(k))

@@ -336,6 +336,9 @@ class Connection:
             direct=handler.inline,
             send_wait_s=send_wait_s,
         )
+        #: ``await conn.send_later(deferred, epoch=, on_done=)``: frames still being produced
+        #: (media), awaited in order by the writer (:meth:`Outbound.send_later`).
+        self.send_later = self.outbound.send_later
         self.start_timeout_s = start_timeout_s
         self._close_fields = {
             "max_bytes": max_outbound_bytes,
@@ -385,17 +388,6 @@ class Connection:
         """Hand an item to the runner (from a child task, a timer or the writer's ``on_done``)."""
         if self._runner is not None and not self._ended.is_set():
             self._runner.post(item)
-
-    async def send_later(
-        self,
-        deferred: Awaitable[tuple[Frame, ...]],
-        *,
-        epoch: int | None = None,
-        on_done: Callable[[], None] | None = None,
-    ) -> None:
-        """Queue frames still being produced (media); the writer awaits them in order, and
-        ``on_done`` runs once they were sent or dropped (see :meth:`Outbound.send_later`)."""
-        await self.outbound.send_later(deferred, epoch=epoch, on_done=on_done)
 
     def spawn(self, work: Coroutine[Any, Any, Any], done: Callable[[Any, BaseException | None], Any]) -> None:
         """Run ``work`` as a child task; ``done(result, error)`` is then posted to the runner.

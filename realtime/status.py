@@ -12,7 +12,8 @@ scraper. Contract of :func:`server_status` (read on the event loop; nothing is r
   unavailable (``unavailable``: the reason, naming the fix; ``null`` otherwise);
 - ``stages``: per stage engine, from the engine histograms of the app's registry (cumulative since
   start): ``batch_size``, ``forward_ms`` (one batched forward) and ``item_ms`` (submit to output:
-  queueing + forward), each ``{count, mean, p50, p95, p99}`` (quantiles interpolated within the
+  queueing + forward; for a self-batching streaming stage such as ``voice-llm``, whose batch and
+  forward figures stay ``null``, one request from start to its last chunk), each ``{count, mean, p50, p95, p99}`` (quantiles interpolated within the
   histogram's buckets, as Prometheus' ``histogram_quantile``; ``null`` before any observation),
   plus ``queue_depth`` and ``slots_open`` now;
 - ``latencies``: the key latency of each enabled kind (:data:`_LATENCIES`), ``{kind, name, what,

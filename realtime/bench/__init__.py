@@ -17,6 +17,7 @@ SCENARIOS: dict[str, str] = {
     "duplex": "realtime.bench.duplex",
     "llm": "realtime.bench.llm",
     "scale": "realtime.bench.scale",
+    "reliability": "realtime.bench.reliability",
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import random
 import socket
@@ -70,21 +71,29 @@ def _random_bytes(rng: random.Random, n: int) -> bytes:
     return rng.randbytes(n)
 
 
+@functools.cache
+def _nested(depth: int, level: bytes | str) -> bytes | str:
+    """``depth`` nested containers (built once: the attacker must not spend its CPU on them)."""
+    if isinstance(level, str):
+        return level * depth + "]" * depth
+    return level * depth + b"\xc0"
+
+
 def _json_nested(rng: random.Random) -> str:
-    depth = rng.choice((40, 200, 999, 5000, 20000))
-    return "[" * depth + "]" * depth
+    return _nested(rng.choice((40, 200, 999, 5000, 20000)), "[")  # type: ignore[return-value]
 
 
 def _msgpack_nested(rng: random.Random) -> bytes:
-    depth = rng.choice((40, 1000, 5000))
-    return (b"\x91" * depth + b"\xc0") if rng.random() < 0.5 else (b"\x81\xa1a" * depth + b"\xc0")
+    return _nested(rng.choice((40, 1000, 5000)), rng.choice((b"\x91", b"\x81\xa1a")))  # type: ignore[return-value]
+
+
+@functools.cache
+def _wide(n: int, as_json: bool) -> str | bytes:
+    return "[" + "0," * n + "0]" if as_json else msgpack.packb({f"k{i}": i for i in range(n)})
 
 
 def _many_values(rng: random.Random) -> str | bytes:
-    n = rng.choice((20_000, 100_000))
-    if rng.random() < 0.5:
-        return "[" + "0," * n + "0]"
-    return msgpack.packb({f"k{i}": i for i in range(n)})
+    return _wide(rng.choice((20_000, 100_000)), rng.random() < 0.5)
 
 
 def _non_finite(rng: random.Random) -> str:

@@ -36,7 +36,7 @@ both servers: the same policy objects); ``--clients 8,32`` measures (b) at each 
 ``--policy pi0 --checkpoint PATH`` (or ``pi0.5``) serves a checkpoint folder in both servers
 (``robot.checkpoint``; ``--tokenizer`` for ``robot.tokenizer``); ``--write-checkpoint`` first
 writes a random-weight one at the real size in openpi's layout into PATH (LIBERO assets, a
-stand-in tokenizer: ``models.policy.checkpoint.write_random_openpi``), e.g.
+stand-in tokenizer: ``models.policy.checkpoint_writer.write_random_openpi``), e.g.
 ``realtime bench robot --device cuda --policy pi0 --checkpoint /tmp/pi0 --write-checkpoint --parts a',b``.
 
 The last line is JSON: ``overhead_ratio_libero``, ``overhead_ratio_aloha`` (ours / peer p50
@@ -175,7 +175,7 @@ def write_checkpoint(policy: str, folder: str, device: str) -> None:
 
     import torch
 
-    from models.policy.checkpoint import write_random_openpi
+    from models.policy.checkpoint_writer import write_random_openpi
     from models.policy.pi0 import PI0, PI05
 
     on = "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"

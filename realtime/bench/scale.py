@@ -19,7 +19,10 @@ clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this 
     others must go on being served. ``resume_after_loss_ms`` is ``null``: no kind resumes on
     another replica yet (phase 2 of docs/scaling.md).
 
-Needs the ``ray`` extra (``pip install -e '.[ray]'``) and the test extra's ``openpi-client``.
+``--device cuda`` gives each replica one GPU (``replicas.num_gpus: 1``; two GPUs for (b)) and the
+single server the first one: on the 2-GPU device machine, ``realtime bench scale --device cuda
+--policy pi0-shaped --threads 4 --cpus-per-replica 4`` measures the ratio where each replica has
+its own GPU. Needs the ``ray`` extra (``pip install -e '.[ray]'``) and ``openpi-client``.
 The last line is JSON: ``proxy_added_p50_ms``, ``throughput_ratio_2_vs_1``,
 ``resume_after_loss_ms``, ``lost_sessions``, plus the raw figures.
 """
@@ -56,13 +59,19 @@ def _ms(values: list[float], q: float) -> float:
     return round(statistics.quantiles(values, n=100)[int(q) - 1] * 1000, 2) if len(values) > 1 else 0.0
 
 
-def replica_config(policy: str, threads: int) -> Any:
+def replica_config(policy: str, args: argparse.Namespace) -> Any:
+    robot = {"policy": policy, "torch_threads": args.threads, "idle_timeout_s": 0, "device": args.device}
     return config_from_mapping(
         {
             "server": {"log_level": "warning", "shutdown_timeout_s": 5},
-            "robot": {"enabled": True, "policy": policy, "torch_threads": threads, "idle_timeout_s": 0},
+            "robot": {"enabled": True, **robot},
             "world": {"enabled": False},
-            "replicas": {"num_cpus": 0.5, "stats_period_s": 0.5, "object_store_bytes": 100_000_000},
+            "replicas": {
+                "num_cpus": args.cpus_per_replica,
+                "num_gpus": 1.0 if args.device == "cuda" else 0.0,
+                "stats_period_s": 0.5,
+                "object_store_bytes": 100_000_000,
+            },
         }
     )
 
@@ -126,11 +135,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=int, default=8, help="(b), (c): concurrent robots")
     p.add_argument("--seconds", type=float, default=10.0, help="(b): seconds per measurement")
     p.add_argument("--threads", type=int, default=1, help="torch threads per server and replica")
+    p.add_argument("--policy", default="pi0-tiny", help="(b), (c): the policy (pi0-shaped on a GPU)")
+    p.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="robot.device; cuda: one GPU per replica"
+    )
+    p.add_argument("--cpus-per-replica", type=float, default=0.5, help="replicas.num_cpus")
     return p
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if args.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            print(
+                f"bench scale --device cuda: needs 2 CUDA devices, found {torch.cuda.device_count()}; skipped"
+            )
+            return 0
     try:
         import ray
 
@@ -139,28 +161,30 @@ def main(argv: list[str]) -> int:
         print("bench scale needs Ray Serve: pip install -e '.[ray]'", file=sys.stderr)
         return 2
     cores, load = os.cpu_count() or 1, os.getloadavg()
-    zeros, pi0 = replica_config("zeros", args.threads), replica_config("pi0-tiny", args.threads)
+    zeros, model = replica_config("zeros", args), replica_config(args.policy, args)
+    direct_robot = {"device": args.device}
     port = _free_port()
-    start_ray(pi0, 2, None)
+    start_ray(model, 2, None)
     results: dict[str, Any] = {}
     try:
-        with ours("zeros", args.threads) as direct, serve_app(zeros, 1, port) as proxied:
+        with ours("zeros", args.threads, direct_robot) as direct, serve_app(zeros, 1, port) as proxied:
             samples = overhead(proxied, direct, examples.libero(0), args.requests, args.blocks)
         direct_p50, proxy_p50 = _ms(samples["peer"], 50), _ms(samples["ours"], 50)
         print(
             f"(a) zeros policy, LIBERO, one robot: direct p50 {direct_p50} ms, through the proxy {proxy_p50} ms"
         )
         runs = {}
-        with ours("pi0-tiny", args.threads) as direct:
+        with ours(args.policy, args.threads, direct_robot) as direct:
             runs["direct"] = throughput(direct, args.clients, args.seconds)
-        with serve_app(pi0, 1, port) as proxied:
+        with serve_app(model, 1, port) as proxied:
             runs["1 replica"] = throughput(proxied, args.clients, args.seconds)
-            scale_to(pi0, 2, proxied)
+            scale_to(model, 2, proxied)
             runs["2 replicas"] = throughput(proxied, args.clients, args.seconds)
             lost, served, total = replica_loss(proxied, args.clients)
     finally:
         ray.shutdown()
-    print(f"(b) pi0-tiny, {args.clients} robots closed loop, {args.seconds:g} s each, {cores} cores:")
+    where = f"{cores} cores" + (", one GPU per replica" if args.device == "cuda" else "")
+    print(f"(b) {args.policy}, {args.clients} robots closed loop, {args.seconds:g} s each, {where}:")
     print("    server        chunks/s   p50 ms   p99 ms")
     for name, (rate, latencies, _) in runs.items():
         print(f"    {name:<12} {rate:9.1f} {_ms(latencies, 50):8.1f} {_ms(latencies, 99):8.1f}")

@@ -1,22 +1,17 @@
 """One ``/v1/realtime`` voice connection: the voice kind's command handler on the shared skeleton.
 
-- **Input.** The connection's reader is the session's ordered input stream: each
-  ``input_audio_buffer.append`` is decoded and run through the batched VAD engine in
-  :meth:`VoiceHandler.decode` (``Session.submit``), so the runner receives the 16 kHz frames and
-  their speech probabilities as one command, in order with every other command: a commit or
-  clear always finds the audio appended before it, and a slow VAD holds the reader (bounded).
-  ``server_vad`` / ``semantic_vad`` turn detection (a pure state machine) decides
-  ``speech_started`` / ``speech_stopped``; a stop commits the utterance (with ``turn_detection:
-  null`` the client commits). A committed utterance goes to the batched ASR engine (a child task,
-  ``Session.submit``) for the user item's transcript; a candidate end of speech starts it early.
-- **Responses.** A response is one streaming tick (``Session.stream_tick``, requested here in the
-  runner) through the LLM -> TTS pipeline; a child task sends each chunk's events
-  (``ResponseOutput``) fenced by the tick's epoch; the runner sends the opening and closing
-  events and exactly one ``response.done``. A response waits for the transcripts it needs.
-- **Cancel / barge-in** (``response.cancel``, ``output_audio_buffer.clear``, speech during a
-  response with ``interrupt_response``): one call, ``Session.interrupt`` (the LLM request is
-  aborted, its KV keeps what was computed; no queued delta of it is sent) -> ``response.done``
-  with status ``cancelled`` after the closing events.
+- **Input.** The reader is the session's ordered, bounded input stream: each append is decoded and
+  run through the batched VAD in :meth:`VoiceHandler.decode` (``Session.submit``), so its frames
+  reach the runner as one command in order with every other: a commit or clear always finds the
+  audio appended before it. Turn detection (a pure state machine) decides speech start and stop;
+  a stop (or the client's commit) makes a user item, transcribed by the batched ASR in a child
+  task (started early at a candidate end of speech).
+- **Responses.** One streaming tick each (``Session.stream_tick``, requested in the runner)
+  through the LLM -> TTS pipeline; a child task sends each chunk's events (``ResponseOutput``)
+  fenced by the tick's epoch; the runner sends the opening and closing events and exactly one
+  ``response.done``. A response waits for the transcripts it needs.
+- **Cancel / barge-in**: one call, ``Session.interrupt`` (the LLM request is aborted, its KV
+  keeps what was computed; no queued delta of it is sent), then ``response.done`` ``cancelled``.
 
 Every attribute is the runner's alone, but for the reader's codec and its VAD submit.
 """
@@ -29,12 +24,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import soxr
 
+from models.voice.stages import VadFrames, VadInput
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.voice_llm import chat_prompt
 from realtime.protocols.oai_realtime import (
@@ -66,14 +62,6 @@ log = logging.getLogger("realtime.kinds.voice")
 LARGE_FRAME_CHARS = 1 << 20  # frames above this are parsed on a worker thread (base64 of big appends)
 VAD_RATE = 16_000
 FRAME_MS = 32
-
-
-@dataclass(frozen=True)
-class _Heard:
-    """An append, through the VAD (in the reader): its 16 kHz frames and their speech probabilities."""
-
-    frames: np.ndarray = field(repr=False)
-    probabilities: np.ndarray = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -153,15 +141,13 @@ class VoiceHandler:
             command = self.codec.receive_text(message)
         if not isinstance(command, ce.AudioAppend):
             return command
-        from models.voice.stages import VadInput
-
         fmt, session, vad = self.codec.config.input_format, self.session, self.service.vad_engine
         assert session is not None and vad is not None
         try:
             out = await session.submit(vad, VadInput(decode_audio(command.audio, fmt), fmt.sample_rate))
         except SessionError as exc:  # a full VAD queue, a closing session: this append is refused
             return Rejected(exc.code, exc.message, None, command.event_id, errors.SERVER_ERROR)
-        return _Heard(out.frames, out.probabilities)
+        return out  # VadFrames: the append's 16 kHz frames and their speech probabilities
 
     async def session_ended(self, conn: Connection, reason: str) -> Close:
         if reason == "lifetime":
@@ -187,7 +173,7 @@ class VoiceHandler:
         match item:
             case Rejected():
                 await self._error(conn, item)
-            case _Heard():
+            case VadFrames():  # an append, through the VAD in the reader
                 await self._heard(conn, item)
             case ce.SessionUpdate():
                 previous, self.config = self.config, item.config
@@ -230,7 +216,7 @@ class VoiceHandler:
                 raise TypeError(f"unexpected mailbox item {type(item).__name__}")
 
     # -- the user's turns -----------------------------------------------------------------
-    async def _heard(self, conn: Connection, item: _Heard) -> None:
+    async def _heard(self, conn: Connection, item: VadFrames) -> None:
         """An append's frames: buffered, and through turn detection when the session has it."""
         self.buffer.extend(item.frames)
         if self.turn is None:

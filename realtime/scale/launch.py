@@ -91,27 +91,24 @@ def _free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def _status(url: str) -> dict[str, Any] | None:
+def _status(url: str, api_key: str | None) -> dict[str, Any] | None:
+    request = urllib.request.Request(f"{url}/v1/status")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(f"{url}/v1/status", timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
-    except (OSError, urllib.error.URLError, ValueError):
+    except (OSError, urllib.error.URLError, ValueError):  # the proxy not up yet, a slow answer
         return None
 
 
-def wait_ready(url: str, num_replicas: int, stop: threading.Event) -> str | None:
+def wait_ready(url: str, num_replicas: int, stop: threading.Event, api_key: str | None = None) -> str | None:
     """Block until ``num_replicas`` replicas are ready (``None``), a replica's load failed (its
-    error), or ``stop`` is set (``"stopped"``). API keys: the status call needs none only when
-    ``server.api_keys`` is empty, so with keys this waits on ``/readyz`` alone."""
+    error), or ``stop`` is set (``"stopped"``), polling the cluster's ``/v1/status`` (with
+    ``api_key`` when ``server.api_keys`` has keys)."""
     while not stop.wait(POLL_S):
-        status = _status(url)
-        if status is None:  # keys configured, or the proxy not up yet: readiness alone
-            try:
-                with urllib.request.urlopen(f"{url}/readyz", timeout=10) as response:
-                    if response.status == 200:
-                        return None
-            except (OSError, urllib.error.URLError):
-                pass
+        status = _status(url, api_key)
+        if status is None:
             continue
         replicas = status.get("replicas", [])
         failed = [r["load_error"] for r in replicas if r.get("load_error")]
@@ -181,7 +178,8 @@ def serve_replicas(
     status = 0
     try:
         url = deploy(config, num_replicas, host, port)
-        failure = wait_ready(url, num_replicas, stop)
+        api_key = config.server.api_keys[0] if config.server.api_keys else None
+        failure = wait_ready(url, num_replicas, stop, api_key)
         if failure is None:
             log.info(
                 "ready",

@@ -80,7 +80,7 @@ def snapshot(state: Any, tag: str, with_metrics: bool) -> Snapshot:
         "load_error": state.load_error,
         "kinds_serving": kinds_serving(state),
         "status": app_status(state),
-        "models": models_document(state.kinds),
+        "models": models_document(state.kinds, state.unavailable),
         "metrics": generate_latest(state.context.registry).decode() if with_metrics else None,
     }
 

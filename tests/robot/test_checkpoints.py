@@ -15,7 +15,8 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from models.policy.checkpoint import inspect, openpi_state_dict
+from models.policy.checkpoint import inspect
+from models.policy.checkpoint_writer import openpi_state_dict
 from models.policy.processing import discretize_state, resize_with_pad
 from realtime.bench.examples import aloha, droid, libero
 from realtime.config import ConfigError, config_from_mapping
@@ -149,6 +150,21 @@ def test_aloha_adapt_to_pi_by_hand(folders):
     expected = flips * absolute
     expected[[6, 13]] = (absolute[[6, 13]] + 0.5476 + 0.6213) / (1.4910 + 0.6213)
     np.testing.assert_allclose(out[0], expected, rtol=1e-5)
+
+
+def test_rtc_guides_toward_the_delivered_chunk_through_the_output_transforms(folders):
+    """Real-time chunking with a checkpoint: the previous chunk is in the robot's units (after
+    un-normalization, deltas and ALOHA's flips) and is mapped back into model space to guide."""
+    served = serve(folders["pi0_aloha"], "pi0")
+    state = served.new_state()
+    (prev,) = run(served, aloha(0))
+    state.commit(prev, latency_s=0.05, now=100.0)
+    item = served.prepare(aloha(5, rtc={"executed_steps": 10, "inference_delay": 4}))
+    (guided,) = served.infer([item], [state.snapshot(item, now=100.2)])
+    np.testing.assert_array_equal(guided[:4], prev[10:14])
+    (free,) = run(served, aloha(5))
+    overlap = slice(4, 40)
+    assert np.abs(guided[overlap] - prev[14:50]).mean() < 0.5 * np.abs(free[overlap] - prev[14:50]).mean()
 
 
 def test_resize_with_pad_matches_openpi_client(folders):

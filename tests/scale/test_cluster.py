@@ -78,7 +78,7 @@ async def test_unmodified_clients_of_every_kind_spread_across_both_replicas(clus
         for robot in robots:
             stack.callback(robot._ws.close)  # openpi-client 0.1.2 has no close of its own
             actions = (await asyncio.to_thread(robot.infer, examples.libero()))["actions"]
-            assert actions.shape == (50, 32)
+            assert actions.ndim == 2 and actions.shape[0] == 50  # an action chunk
         worlds = [
             await stack.enter_async_context(
                 WorldClient.connect(cluster.ws, prompt="stone", seed=i, pacing="fast")
