@@ -2,12 +2,12 @@
 
     async with WorldClient.connect("ws://127.0.0.1:8000", prompt="stone", seed=1) as world:
         await world.send_keys(["w"])
-        async for chunk in world.frames():
+        async for chunk in world.frames(limit=8):
             print(chunk.metadata["chunk_index"], len(chunk.frames))
 
 ``frames()`` yields :class:`WorldChunk` (the ``chunk.metadata`` plus decoded ``uint8 [H, W, 3]``
 frames, JPEG or fMP4 decoded off the event loop, in order: fMP4 chunks continue one H.264
-stream); other server messages (acks, errors, pongs) go to ``messages`` (a bounded queue,
+stream) until the server ends the session, or ``limit`` chunks; other server messages (acks, errors, pongs) go to ``messages`` (a bounded queue,
 oldest dropped). ``send_keys`` / ``send_mouse`` /
 ``set_prompt`` send ``session.event`` with increasing ``event_id`` and the client timestamp.
 """
@@ -92,10 +92,14 @@ class WorldClient:
     async def close(self) -> None:
         await self.ws.send(json.dumps({"type": "session.close"}))
 
-    async def frames(self) -> AsyncIterator[WorldChunk]:
-        """Decoded chunks until the server closes the session."""
+    async def frames(self, limit: int | None = None) -> AsyncIterator[WorldChunk]:
+        """Decoded chunks until the server closes the session, or ``limit`` chunks (the world
+        plays on, so a script that wants to end passes one)."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        count = 0
         try:
-            while True:
+            while limit is None or count < limit:
                 msg = await self.ws.recv()
                 if isinstance(msg, bytes):
                     continue  # media without metadata: cannot happen with a conforming server
@@ -109,6 +113,7 @@ class WorldClient:
                     continue
                 media = await self.ws.recv()
                 decode = self._fmp4.decode if data["format"] == "fmp4" else decode_jpeg_batch
+                count += 1
                 yield WorldChunk(data, await asyncio.to_thread(decode, media))
         except websockets.ConnectionClosed:
             return

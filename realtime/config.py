@@ -230,12 +230,52 @@ class WorldConfig:
     cuda_graphs: bool | Literal["auto"] = "auto"
     # where a chunk's time goes, stage by stage (world_stage_seconds; models/world/profiling.py)
     stage_timing: bool = True
+    # model self-forcing / causvid (docs/models.md, "World"): the DiT checkpoint, Wan 2.1's VAE, and
+    # the prompts' umT5 embeddings: Wan's text encoder, or a file of precomputed ones
+    checkpoint: str = ""
+    vae: str = ""
+    text_encoder: str = ""
+    prompt_embeddings: str = ""
 
     def validate(self, path: str) -> None:
         if not self.min_fps <= self.fps <= self.max_fps:
             raise _FieldError(f"{path}.fps", f"must be in min_fps..max_fps ({self.min_fps}..{self.max_fps})")
         if self.cuda_graphs is True and not self.device.startswith("cuda"):
             raise _FieldError(f"{path}.cuda_graphs", f"needs a CUDA device (device is {self.device!r})")
+        self._validate_checkpoint_files(path)
+
+    def _validate_checkpoint_files(self, path: str) -> None:
+        """A checkpoint model's files are read and checked here (headers only, memory-mapped: no
+        weights, no GPU memory), so a missing or malformed file fails the config load (exit 2)."""
+        from models.world.configs import CHECKPOINT_MODELS
+
+        files = {n: getattr(self, n) for n in ("checkpoint", "vae", "text_encoder", "prompt_embeddings")}
+        cfg = CHECKPOINT_MODELS.get(self.model)
+        if cfg is None:
+            for name, value in files.items():
+                if value:
+                    raise _FieldError(
+                        f"{path}.{name}",
+                        f"applies to world.model {' or '.join(CHECKPOINT_MODELS)} (model is {self.model!r})",
+                    )
+            return
+        if self.weights:
+            raise _FieldError(f"{path}.weights", f"model {self.model!r} loads world.checkpoint, not weights")
+        needed = ("checkpoint", "vae") if cfg.vae == "wan2.1" else ("checkpoint",)
+        for name in needed:
+            if not files[name]:
+                raise _FieldError(f"{path}.{name}", f"model {self.model!r} needs a path (docs/models.md)")
+        if bool(self.text_encoder) == bool(self.prompt_embeddings):
+            raise _FieldError(
+                f"{path}.text_encoder", f"model {self.model!r} needs one of text_encoder or prompt_embeddings"
+            )
+        if self.enabled:
+            from models.world.checkpoints import inspect_files
+
+            try:
+                inspect_files(cfg, **files)
+            except ValueError as exc:  # CheckpointError: one line naming the file; .field names ours
+                raise _FieldError(f"{path}.{getattr(exc, 'field', 'checkpoint')}", str(exc)) from None
 
     @property
     def compiles(self) -> bool:
@@ -364,7 +404,7 @@ class ReplicasConfig:
     object_store_bytes: PositiveInt | None = None  # the local Ray instance's object store (null: Ray's)
     checkpoint_max_bytes: PositiveInt = 4 * 1024 * 1024  # one session's resumable state
     checkpoint_ttl_s: PositiveFloat = 300.0  # a checkpoint not refreshed this long is dropped
-    checkpoint_max_sessions: PositiveInt = 100_000  # checkpoints the store holds at once
+    checkpoint_max_total_bytes: PositiveInt = 1 << 30  # all sessions' checkpoints in the store
 
     def validate(self, path: str) -> None:
         if not self.app_name or not all(c.isalnum() or c in "-_" for c in self.app_name):

@@ -22,7 +22,9 @@ sans-I/O codec calls, its command handler and its tick loop); the skeleton owns 
 - **Ends.** Every way a connection ends is one :class:`Close` reason, mapped through one table
   (:data:`CLOSES`) to a close code and reason text. The socket is closed with a deadline, then its
   transport aborted if the close frame cannot be flushed. The session is released through the
-  runtime's one release path (``manager.disconnect``) whatever happened.
+  runtime's one release path (``manager.disconnect``) whatever happened, unless the connection
+  no longer owns it (a resume moved it to another connection) or the socket dropped and the
+  kind's manager keeps dropped sessions for a resume (``resume_grace_s``: it detaches them).
 - **Start deadline.** A socket that has not started a session within ``start_timeout_s`` ends with
   ``start_timeout`` (1008).
 - **Errors.** An unexpected exception in a kind is one rate-limited ERROR line with the traceback
@@ -334,6 +336,9 @@ class Connection:
             direct=handler.inline,
             send_wait_s=send_wait_s,
         )
+        #: ``await conn.send_later(deferred, epoch=, on_done=)``: frames still being produced
+        #: (media), awaited in order by the writer (:meth:`Outbound.send_later`).
+        self.send_later = self.outbound.send_later
         self.start_timeout_s = start_timeout_s
         self._close_fields = {
             "max_bytes": max_outbound_bytes,
@@ -365,8 +370,10 @@ class Connection:
             self._admitting = False
 
     def adopt(self, session: Session) -> Session:
-        """Make ``session`` this connection's: a new one, or one that outlived its socket (resume)."""
-        self.session = session
+        """Make ``session`` this connection's (its owner: ``SessionManager.attach``): a new one,
+        or one that outlived its socket (a resume; a connection still attached to it must stop
+        touching it: the kind tells it)."""
+        self.session = self.manager.attach(session, self)
         watcher = asyncio.create_task(self._watch(session), name=f"{self.kind}-session-end")
         self._children.add(watcher)
         watcher.add_done_callback(self._children.discard)
@@ -381,17 +388,6 @@ class Connection:
         """Hand an item to the runner (from a child task, a timer or the writer's ``on_done``)."""
         if self._runner is not None and not self._ended.is_set():
             self._runner.post(item)
-
-    async def send_later(
-        self,
-        deferred: Awaitable[tuple[Frame, ...]],
-        *,
-        epoch: int | None = None,
-        on_done: Callable[[], None] | None = None,
-    ) -> None:
-        """Queue frames still being produced (media); the writer awaits them in order, and
-        ``on_done`` runs once they were sent or dropped (see :meth:`Outbound.send_later`)."""
-        await self.outbound.send_later(deferred, epoch=epoch, on_done=on_done)
 
     def spawn(self, work: Coroutine[Any, Any, Any], done: Callable[[Any, BaseException | None], Any]) -> None:
         """Run ``work`` as a child task; ``done(result, error)`` is then posted to the runner.
@@ -447,16 +443,11 @@ class Connection:
                     await self._runner.cancel()
         finally:
             # Release at once (the session cuts a tick still unwinding), then let the tasks end.
-            if self.session is not None and not self._kept():
-                await self.manager.disconnect(self.session.session_id)
+            if self.session is not None:
+                dropped = (self._close or Close("disconnect")).reason == "disconnect"
+                await self.manager.disconnect(self.session.session_id, owner=self, dropped=dropped)
             await asyncio.gather(*tasks, *self._children, return_exceptions=True)
         await self._finish()
-
-    def _kept(self) -> bool:
-        """A kind whose sessions outlive their socket (duplex resume) keeps the session when its
-        handler's optional ``keep_session(conn, close)`` says so; the kind then releases it."""
-        keep = getattr(self.handler, "keep_session", None)
-        return keep is not None and bool(keep(self, self._close or Close("disconnect")))
 
     async def _read(self) -> None:
         handler = self.handler

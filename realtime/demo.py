@@ -5,7 +5,9 @@ Routes (HTTP GET only; the guard's API-key rule applies as to every route, so wi
 what it loads and connects to):
 
 - ``GET /`` -> 307 to ``/demo/`` (query kept) when the client accepts ``text/html`` (a browser);
-  any other client gets 404 with a hint (``/`` is also the OpenPI websocket path);
+  any other client (curl, a script) gets 200 with a plain-text page of what is here
+  (:func:`index_text`: each enabled kind's websocket endpoints, the demo, the JSON and probe routes,
+  the docs); a websocket on ``/`` is the OpenPI robot route, untouched by these HTTP routes;
 - ``GET /demo`` -> 307 to ``/demo/``; ``GET /demo/`` -> ``index.html``;
 - ``GET /demo/<page>`` -> ``<page>.html``; ``GET /demo/<name>.js`` / ``<name>.css`` -> that file.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
@@ -56,13 +59,43 @@ def _with_query(path: str, request: Request) -> str:
     return f"{path}?{query}" if query else path
 
 
+HTTP_ROUTES = (
+    ("/demo/", "the browser demo app (a browser opening / is sent there)"),
+    ("/v1/models", "served models and session kinds, with any unavailable kind and why (JSON)"),
+    ("/v1/status", "sessions, capacity, batch sizes and latencies (JSON)"),
+    ("/healthz", "liveness: OK"),
+    ("/readyz", "readiness: 200 once models are loaded and warm"),
+    ("/metrics", "Prometheus metrics"),
+)
+
+
+def index_text(kinds: Any, unavailable: dict[str, str], ws_base: str) -> str:
+    """The plain-text answer to a non-browser ``GET /``: the enabled ``kinds``' websocket
+    endpoints under ``ws_base`` (``ws://host:port``), then the HTTP routes and the docs."""
+    lines = ["realtime-sessions: a realtime websocket session server", "", "Session kinds (websockets):"]
+    for kind in kinds:
+        for model in kind.models():
+            endpoints = ", ".join(ws_base + path for path in model.endpoints)
+            note = f"  UNAVAILABLE: {unavailable[kind.name]}" if kind.name in unavailable else ""
+            lines.append(f"  {kind.name:<7} {endpoints}  (model {model.id}){note}")
+    if not kinds:
+        lines.append("  none enabled (deploy config: <kind>.enabled)")
+    lines += ["", "HTTP:"]
+    lines += [f"  {path:<11} {what}" for path, what in HTTP_ROUTES]
+    lines += [
+        "",
+        "Docs: README.md and docs/ of the realtime-sessions source (docs/protocols/ for each wire protocol).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 async def _root(request: Request) -> Response:
     if "text/html" in request.headers.get("accept", ""):
         return RedirectResponse(_with_query(PREFIX, request), status_code=307)
-    return PlainTextResponse(
-        "not found: GET / is the OpenPI websocket path; the demo is at /demo/, models at /v1/models\n",
-        status_code=404,
-    )
+    state = request.app.state.rt  # realtime.app.AppState
+    ws_base = f"{'wss' if request.url.scheme == 'https' else 'ws'}://{request.url.netloc}"
+    return PlainTextResponse(index_text(state.kinds, state.unavailable, ws_base))
 
 
 async def _demo_redirect(request: Request) -> Response:

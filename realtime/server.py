@@ -45,6 +45,7 @@ from urllib.parse import unquote
 import uvicorn
 from starlette.applications import Starlette
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request as WsRequest
 from websockets.protocol import Protocol
@@ -214,6 +215,14 @@ class RealtimeWebSocketProtocol(WebSocketsSansIOProtocol):
         if not self.read_paused:
             self.read_paused = True
             self.transport.pause_reading()
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "websocket.send" and self.close_sent and self.handshake_complete:
+            # The transport ended the connection itself (a refused frame: 1009, 1007, 1002) while
+            # the app was busy with an earlier message: its reply meets a closed connection, as
+            # if the client had gone (uvicorn raises a RuntimeError, which reads as a bug).
+            raise ClientDisconnected()
+        await super().send(message)
 
     def handle_connect(self, event: WsRequest) -> None:
         super().handle_connect(event)

@@ -8,10 +8,12 @@ scraper. Contract of :func:`server_status` (read on the event loop; nothing is r
 - ``kinds``: per enabled kind, from its ``SessionManager.stats()``: ``capacity``, ``occupied``,
   ``free`` (capacity - occupied, never below 0), ``queued`` (waiting for admission),
   ``sessions_by_state`` and the lifetime counters ``created``, ``closed``, ``evicted``,
-  ``expired``, ``rejected``; ``null`` stats while the kind is still loading;
+  ``expired``, ``rejected``; ``null`` stats while the kind is still loading or when it is
+  unavailable (``unavailable``: the reason, naming the fix; ``null`` otherwise);
 - ``stages``: per stage engine, from the engine histograms of the app's registry (cumulative since
   start): ``batch_size``, ``forward_ms`` (one batched forward) and ``item_ms`` (submit to output:
-  queueing + forward), each ``{count, mean, p50, p95, p99}`` (quantiles interpolated within the
+  queueing + forward; for a self-batching streaming stage such as ``voice-llm``, whose batch and
+  forward figures stay ``null``, one request from start to its last chunk), each ``{count, mean, p50, p95, p99}`` (quantiles interpolated within the
   histogram's buckets, as Prometheus' ``histogram_quantile``; ``null`` before any observation),
   plus ``queue_depth`` and ``slots_open`` now;
 - ``latencies``: the key latency of each enabled kind (:data:`_LATENCIES`), ``{kind, name, what,
@@ -79,6 +81,7 @@ class KindStatus:
     evicted: int = 0
     expired: int = 0
     rejected: int = 0
+    unavailable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -229,11 +232,12 @@ def key_latencies(families: dict[str, list[Sample]], kinds: Iterable[str]) -> li
     ]
 
 
-def kind_status(kind: Any, websockets: int) -> KindStatus:
-    """One kind's admission figures (``kind.manager`` is ``None`` until the kind started)."""
+def kind_status(kind: Any, websockets: int, unavailable: str | None = None) -> KindStatus:
+    """One kind's admission figures (``kind.manager`` is ``None`` until the kind started, and for
+    an ``unavailable`` kind, never started)."""
     manager = getattr(kind, "manager", None)
     if manager is None:
-        return KindStatus(kind.name, websockets)
+        return KindStatus(kind.name, websockets, unavailable=unavailable)
     s = manager.stats()
     return KindStatus(
         kind=kind.name,
@@ -292,6 +296,6 @@ def app_status(state: Any) -> dict[str, Any]:
         version=__version__,
         open_connections=state.open_connections(),
         max_connections=state.max_connections,
-        kinds=[kind_status(k, connections.count(k.name)) for k in state.kinds],
+        kinds=[kind_status(k, connections.count(k.name), state.unavailable.get(k.name)) for k in state.kinds],
         registry=state.context.registry,
     )

@@ -12,9 +12,14 @@ runtime bounds it with a timeout) and raises on failure, which the runtime recor
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Protocol
 
-ReleaseReason = Literal["reset", "close", "disconnect", "idle", "lifetime", "evicted", "failed", "shutdown"]
+#: Why worker state is released: ``reset`` and ``failed`` restart the session (it lives on); every
+#: other reason ends it. The runtime's own: ``close``, ``disconnect``, ``idle``, ``lifetime``,
+#: ``evicted``, ``grace_expired`` (a detached session's resume grace ran out), ``shutdown``; a
+#: kind may close with its own (the duplex kind's ``step_failed``, ``step_inbox_full``).
+ReleaseReason = str
+RESTARTS: tuple[ReleaseReason, ...] = ("reset", "failed")
 
 
 class LifecycleBackend(Protocol):

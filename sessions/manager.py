@@ -7,8 +7,10 @@ Contract (architecture §5; seed reference §2.6-2.7, §2.10; duplex manager, su
   :class:`SessionExistsError`. Every live entry holds one admission slot until it is removed:
   ACTIVE, FAILED, CLOSING and CLEANUP_FAILED tombstones (a failed cleanup deliberately keeps
   its slot, like vllm-omni's duplex manager).
-- Beyond ``capacity``: with ``evict_idle_lru`` the least-recently-active idle session (no tick
-  in flight, idle for at least ``evict_min_idle_s``) is closed with reason ``evicted``; then
+- Beyond ``capacity``: a detached session (below) is the first to go (closed with reason
+  ``evicted``, the oldest detached first); then, with ``evict_idle_lru``, the
+  least-recently-active idle session (no tick in flight, idle for at least ``evict_min_idle_s``)
+  is closed with reason ``evicted``; then
   ``over_capacity="reject"`` raises :class:`SessionLimitError` (code
   ``session_limit_reached``, ``limit``), ``"queue"`` waits FIFO (at most ``max_queued``, at most
   ``queue_timeout_s``) calling ``on_queue_position(position)`` (1-based) whenever the position
@@ -18,6 +20,16 @@ Contract (architecture §5; seed reference §2.6-2.7, §2.10; duplex manager, su
   :class:`CleanupFailedError` leaving a CLEANUP_FAILED tombstone that blocks the id until a
   retried close succeeds; a re-created id is a new ``Session`` object. ``disconnect(id)`` is
   the same path with reason ``disconnect`` and never raises for a failed cleanup.
+- Ownership and resume (the manager is the one registry of a kind's sessions): every session
+  has one ``owner``, the connection whose runner mutates it (``attach(session, owner)``; a
+  resume attaches it to the new connection, whose old owner must then stop touching it).
+  ``disconnect(id, owner=, dropped=)`` counts only the owner's end. A socket that dropped
+  without a goodbye (``dropped``) of a resumable kind (``resume_grace_s`` > 0) *detaches* the
+  session instead of closing it: it stays, with its slot, ownerless, until ``attach`` (a resume)
+  or the grace timer, which closes it with reason ``grace_expired``; while a create waits for a
+  slot it is closed at once (``evicted``). ``close_soon(id, reason)`` closes from a callback that
+  cannot await (the manager tracks the task); ``close_reason(id)`` remembers why each of the
+  last :data:`REMEMBERED_CLOSES` sessions closed (a late resume's answer).
 - ``reset(id)`` resets a session (rejected for CLEANUP_FAILED and closed sessions).
 - ``start()`` starts the reaper (idle timeout, maximum lifetime with a warning hook, retry of
   tombstones); ``shutdown()`` refuses new sessions, fails queued waiters and closes every
@@ -53,6 +65,8 @@ from sessions.session import Session, SessionLimits, SessionStatus
 from sessions.tick import TickExecutor
 
 log = logging.getLogger("sessions.manager")
+
+REMEMBERED_CLOSES = 1024  # closed session ids whose reason ``close_reason`` still answers
 
 QueuePositionFn = Callable[[int], None]
 
@@ -121,8 +135,12 @@ class SessionManager:
         session_id_factory: SessionIdFactory = new_session_id,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        resume_grace_s: float = 0.0,
     ) -> None:
         self.kind = kind
+        if not resume_grace_s >= 0:
+            raise ValueError(f"resume_grace_s must be >= 0, got {resume_grace_s!r}")
+        self.resume_grace_s = resume_grace_s
         self.plan = capacity if isinstance(capacity, CapacityPlan) else None
         self.capacity = capacity.capacity if isinstance(capacity, CapacityPlan) else capacity
         if self.capacity < 1:
@@ -144,6 +162,9 @@ class SessionManager:
         self._counts = collections.Counter[str]()
         self._shutting_down = False
         self._reaper: Reaper | None = None
+        self._graces: dict[str, asyncio.TimerHandle] = {}  # detached session -> its grace timer
+        self._closing: dict[str, asyncio.Task] = {}  # close_soon's tasks, by session id
+        self._closed_reasons: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._metrics = RuntimeMetrics.for_registry(registry) if registry is not None else None
         self._ticks_committed = None  # the per-tick counter child, looked up once
         if self._metrics is not None:
@@ -242,6 +263,11 @@ class SessionManager:
 
     async def _admit(self, on_position: QueuePositionFn | None) -> None:
         """Return holding one reserved slot (``self._reserved`` counts it) or raise."""
+        while self._free_slots() <= 0 and not self._queue:  # grace-held slots go first
+            victim = self._oldest_detached()
+            if victim is None:
+                break
+            await self._evict(victim)
         if self._free_slots() > 0 and not self._queue:
             self._reserved += 1
             return
@@ -326,6 +352,14 @@ class SessionManager:
         ]
         return min(candidates, key=lambda s: s.last_active_at, default=None)
 
+    def _oldest_detached(self) -> Session | None:
+        detached = [
+            s
+            for s in self._sessions.values()
+            if s.detached_at is not None and s.status in (SessionStatus.ACTIVE, SessionStatus.FAILED)
+        ]
+        return min(detached, key=lambda s: s.detached_at or 0.0, default=None)
+
     async def _evict(self, session: Session) -> None:
         self._counts["evicted"] += 1
         if self._metrics is not None:
@@ -357,16 +391,81 @@ class SessionManager:
             del self._sessions[session_id]
             self._count_status(session.status, -1)
             self._counts["closed"] += 1
+            self._forget_grace(session_id)
+            self._closed_reasons[session_id] = session.close_reason or reason
+            while len(self._closed_reasons) > REMEMBERED_CLOSES:
+                self._closed_reasons.popitem(last=False)
             self._slot_freed()
         return status
 
-    async def disconnect(self, session_id: str) -> SessionStatus:
-        """Transport went away: close with reason ``disconnect``; a failed cleanup is logged."""
+    async def disconnect(
+        self, session_id: str, *, owner: object | None = None, dropped: bool = False
+    ) -> SessionStatus:
+        """The transport went away: close with reason ``disconnect`` (a failed cleanup is logged).
+
+        With ``owner``, only the session's owner's end counts (a session a resume attached
+        elsewhere is left alone). A ``dropped`` socket (no goodbye) of a resumable kind detaches
+        the session for ``resume_grace_s`` instead (see the module contract)."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return SessionStatus.CLOSED
+        if owner is not None and session.owner is not owner:
+            return session.status
+        if dropped and self.resume_grace_s > 0 and session.status is SessionStatus.ACTIVE:
+            self._detach(session)
+            return session.status
         try:
             return await self.close(session_id, "disconnect")
         except CleanupFailedError as exc:
             log.error("%s", exc.message)
             return SessionStatus.CLEANUP_FAILED
+
+    # -- ownership, detach and resume ---------------------------------------------------------
+    def attach(self, session: Session, owner: object) -> Session:
+        """Make ``owner`` (a connection) the session's one owner: a new session's, a detached
+        one's (a resume: its grace ends) or another owner's (a takeover)."""
+        self._forget_grace(session.session_id)
+        session.owner = owner
+        session.detached_at = None
+        return session
+
+    def _detach(self, session: Session) -> None:
+        session.owner = None
+        session.detached_at = self._clock()
+        sid = session.session_id
+        if self._queue:  # a create is waiting for a slot: a grace-held one is the first to go
+            self._counts["evicted"] += 1
+            if self._metrics is not None:
+                self._metrics.evictions.labels(self.kind).inc()
+            self.close_soon(sid, "evicted")
+            return
+        loop = asyncio.get_running_loop()
+        self._graces[sid] = loop.call_later(self.resume_grace_s, self.close_soon, sid, "grace_expired")
+
+    def _forget_grace(self, session_id: str) -> None:
+        timer = self._graces.pop(session_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def close_soon(self, session_id: str, reason: ReleaseReason) -> None:
+        """Close from a callback that cannot await (a timer, a frame clock's output hand-off);
+        the close runs as a task the manager tracks (shutdown waits for it)."""
+        self._forget_grace(session_id)
+        if session_id in self._closing:
+            return  # one is under way
+        task = asyncio.create_task(self._close_logged(session_id, reason), name=f"close-{session_id}")
+        self._closing[session_id] = task
+        task.add_done_callback(lambda _: self._closing.pop(session_id, None))
+
+    async def _close_logged(self, session_id: str, reason: ReleaseReason) -> None:
+        try:
+            await self.close(session_id, reason)
+        except CleanupFailedError as exc:
+            log.warning("%s", exc.message)
+
+    def close_reason(self, session_id: str) -> str | None:
+        """Why ``session_id`` closed (one of the last :data:`REMEMBERED_CLOSES`), else None."""
+        return self._closed_reasons.get(session_id)
 
     async def expire(self, session_id: str, reason: Literal["idle", "lifetime"]) -> None:
         """Close a session the reaper found expired (counted as an expiry)."""
@@ -396,8 +495,12 @@ class SessionManager:
         if self._reaper is not None:
             await self._reaper.stop()
             self._reaper = None
+        for sid in list(self._graces):
+            self._forget_grace(sid)
         results = await asyncio.gather(
-            *(self.close(sid, "shutdown") for sid in list(self._sessions)), return_exceptions=True
+            *(self.close(sid, "shutdown") for sid in list(self._sessions)),
+            *self._closing.values(),
+            return_exceptions=True,
         )
         for result in results:
             if isinstance(result, BaseException):

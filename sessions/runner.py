@@ -5,7 +5,8 @@ owns one session's mutations. ``await put(item)`` puts a command into a bounded 
 for room when it is full (the reader's backpressure: it stops reading), ``post(item)`` queues the runner's
 own follow-up work past the bound (tick outcomes, timers); the runner task awaits
 ``handle(item)`` for one item at a time, in order. A handler exception goes to
-``on_error(item, exc)`` (default: logged) and the runner goes on. Slow work is never awaited
+``on_error(item, exc)`` (default: logged) and the runner goes on. ``cancel()`` ends the runner
+even when a handler swallowed the cancel request (it is checked before the next item). Slow work is never awaited
 inside ``handle``: the connection skeleton runs it as a child task whose outcome is posted back
 (``realtime.connection.Connection.spawn``), so a later command (a reset, a cancel) is never stuck
 behind it.
@@ -82,8 +83,15 @@ class SessionRunner(Generic[Item]):
             self._task = None
 
     async def _run(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
         with session_context(self._session_id):
             while True:
+                if task.cancelling():
+                    # A cancel that landed inside ``handle`` and was swallowed there (Python
+                    # 3.11's ``wait_for`` does, when its awaitable completes at that moment):
+                    # honour it, or ``cancel()`` would wait on an idle mailbox forever.
+                    raise asyncio.CancelledError
                 item = await self._mailbox.get()
                 self._room.set()
                 if item is _STOP:

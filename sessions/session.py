@@ -592,7 +592,10 @@ class Session:
     async def _release(self, reason: ReleaseReason) -> None:
         timeout = self._limits.release_timeout_s
         try:
-            await asyncio.wait_for(self._lifecycle.release(self.session_id, reason), timeout)
+            # Not ``wait_for``: on Python 3.11 it swallows a cancel that lands as the release
+            # completes, and the cancelled caller (a connection's runner) then waits forever.
+            async with asyncio.timeout(timeout):
+                await self._lifecycle.release(self.session_id, reason)
         except TimeoutError:
             raise ReleaseFailedError(
                 f"releasing worker state of {self.session_id} timed out after {timeout:g} s", reason=reason

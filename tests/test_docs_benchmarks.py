@@ -63,12 +63,23 @@ def test_every_fenced_json_line_parses(path):
 
 
 @functools.cache
-def scenario_flags(scenario: str) -> frozenset[str]:
-    """The long options ``realtime bench <scenario> --help`` lists."""
+def scenario_help(scenario: str) -> str:
+    """What ``realtime bench <scenario> --help`` prints."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
         run_scenario(scenario, ["--help"])
-    return frozenset(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", out.getvalue()))
+    return out.getvalue()
+
+
+def scenario_flags(scenario: str) -> frozenset[str]:
+    """The long options the scenario's help lists."""
+    return frozenset(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", scenario_help(scenario)))
+
+
+def scenario_choices(scenario: str) -> dict[str, set[str]]:
+    """The values each option with ``choices`` accepts, as its help shows them (``--x {a,b}``)."""
+    found = re.findall(r"(--[a-z0-9-]+) \[?\{([^}]+)\}", scenario_help(scenario))
+    return {flag: set(values.split(",")) for flag, values in found}
 
 
 def command_problems(command: str) -> list[str]:
@@ -80,8 +91,17 @@ def command_problems(command: str) -> list[str]:
         words = words[2:] if words[0] == "realtime" else words[1:]
         if not words or words[0] not in SCENARIOS:
             return [f"no scenario: {command}"]
-        flags = {w.split("=")[0] for w in words[1:] if w.startswith("--")}
-        return [f"{words[0]} has no {flag}" for flag in sorted(flags - scenario_flags(words[0]))]
+        scenario, args = words[0], words[1:]
+        flags = {w.split("=")[0] for w in args if w.startswith("--")}
+        problems = [f"{scenario} has no {flag}" for flag in sorted(flags - scenario_flags(scenario))]
+        choices, flag = scenario_choices(scenario), None
+        for word in args:
+            if word.startswith("--"):
+                flag, _, value = word.partition("=")
+                word = value
+            if word and flag in choices and word not in choices[flag]:
+                problems.append(f"{scenario} {flag} takes none of {word!r}")
+        return problems
     if words and words[0] == "bash":
         words = words[1:]
     if not words or not (ROOT / words[0]).is_file() or not _tracked(words[0]):
@@ -128,6 +148,9 @@ def test_every_bench_line_of_the_gpu_scripts_runs_as_written(script):
     lines = [line.split("2>&1")[0] for line in script.read_text().splitlines() if line.startswith("bench ")]
     assert lines or script.name == "env.sh"
     problems = [p for line in lines for p in command_problems(line)]
+    problems += [
+        f"no {t}" for t in re.findall(r"tests/\S+\.py", script.read_text()) if not (ROOT / t).is_file()
+    ]
     assert not problems, "\n".join(problems)
 
 
@@ -179,5 +202,9 @@ def test_the_checkers_catch_what_they_are_for():
         "engine has no --no-such-flag"
     ]
     assert command_problems("realtime bench nosuch") == ["no scenario: realtime bench nosuch"]
+    assert command_problems("realtime bench engine --sessions 2 --rate auto") == []
+    assert command_problems("realtime bench world --model nosuch --dtype=bfloat16") == [
+        "world --model takes none of 'nosuch'"
+    ]
     assert command_problems("bash realtime/bench/gpu/robot.sh") == []
     assert command_problems("bash .gl/s8.sh a")

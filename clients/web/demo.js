@@ -58,10 +58,12 @@ export function frame(current) {
   document.body.prepend(nav);
 }
 
-/** Session kinds this server serves (from /v1/models), or null when it could not be read. */
+/** Session kinds enabled on this server (from /v1/models), or null when it could not be read. An
+ * unavailable kind (its weights not installed) counts: connecting to it is closed 1008 with the reason. */
 export async function servedKinds() {
   try {
-    return new Set((await fetchJson("/v1/models")).session_kinds);
+    const models = await fetchJson("/v1/models");
+    return new Set([...models.session_kinds, ...Object.keys(models.unavailable_kinds || {})]);
   } catch (e) {
     return null;
   }

@@ -12,7 +12,9 @@ samples that overlap into the next chunk (its tail). Zero state is the start of 
 encoding (decoding) frame by frame with carried state equals encoding (decoding) the whole signal
 at once with zero state: the same arithmetic on the same samples. :class:`CodecStatePool` holds
 these buffers for every slot, preallocated. Weights are random (seeded): the tokens carry no
-phonetics, the decoded audio is noise-like.
+phonetics, the decoded audio is noise-like. A random decoder's output sits at a constant offset
+(ELU activations are mostly positive), so :meth:`StreamingCodec.normalise_output` rescales its last
+1x1 conv once at build: zero mean, a set spread over random codes (audible noise, not a DC level).
 """
 
 from __future__ import annotations
@@ -119,11 +121,34 @@ class StreamingCodec(nn.Module):
 
     def decode(self, codes: Tensor, state: CodecState) -> tuple[Tensor, tuple[Tensor, ...]]:
         """codes ``[B, n_q, F]`` -> ``pcm [B, F * 1920]`` in [-1, 1] and the next decoder state."""
+        x, after = self._decode_features(codes, state)
+        return torch.tanh(self.to_audio(x))[:, 0], after
+
+    def _decode_features(self, codes: Tensor, state: CodecState) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The decoder up to its last 1x1 conv: ``[B, channels, F * 1920]`` and the next state."""
         x, after = self.from_latent(self.quantizer.decode(codes)), []
         for conv, buf in zip(self.decoder, state.decoder, strict=True):
             x, nxt = conv(F.elu(x), buf)
             after.append(nxt)
-        return torch.tanh(self.to_audio(F.elu(x)))[:, 0], tuple(after)
+        return F.elu(x), tuple(after)
+
+    @torch.no_grad()
+    def normalise_output(self, frames: int = 16, std: float = 0.1) -> None:
+        """For random weights: rescale the last 1x1 conv so its output (before ``tanh``) has zero
+        mean and standard deviation ``std`` over ``frames`` frames of uniformly random codes
+        (drawn from torch's global generator: seeded builds stay reproducible). Streaming is
+        untouched: only two parameters change, once."""
+        book = self.quantizer.codebooks
+        codes = torch.randint(book.shape[1], (1, book.shape[0], frames), device=book.device)
+        zeros = tuple(
+            torch.zeros(1, c.conv.out_channels, c.stride, dtype=book.dtype, device=book.device)
+            for c in self.decoder
+        )
+        x, _ = self._decode_features(codes, CodecState((), zeros))
+        y = self.to_audio(x)
+        scale = std / y.std().clamp_min(1e-8)
+        self.to_audio.bias.sub_(y.mean()).mul_(scale)
+        self.to_audio.weight.mul_(scale)
 
 
 class CodecStatePool:

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from models.duplex.configs import DuplexModelConfig
-from models.world.dit import rope
+from models.rope import rope
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ from torch import Tensor, nn
 
 from models.duplex.configs import DuplexModelConfig
 from models.duplex.kv_cache import SlotKV, StepRows
-from models.world.dit import RMSNorm, apply_rope, rope_angles
+from models.rope import apply_rope, rope_angles
+from models.world.dit import RMSNorm
 
 PAD, BOS = 0, 1
 # The tiny text vocabulary's word pieces (ids 2 ..); larger vocabularies (Moshi-shaped) reuse them.

@@ -301,6 +301,8 @@ def build_duplex_stage(
     torch.manual_seed(seed)
     with torch.device(device):
         codec, lm = StreamingCodec(config), DuplexLM(config)
+        if device != "meta":
+            codec.normalise_output()  # random weights: noise around zero, not a DC level
     codec = codec.to(dtype=dtype).eval().requires_grad_(False)
     lm = lm.to(dtype=dtype).eval().requires_grad_(False)
     if step_mode is None:

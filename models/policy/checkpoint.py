@@ -17,9 +17,10 @@ LeRobot (``PI0Policy`` / ``PI05Policy.save_pretrained``)::
 
 The PaliGemma tokenizer (``paligemma_tokenizer.model``, sentencepiece) is a separate file.
 
-:func:`inspect` reads headers and small files only (no torch, no tensors), so a deploy config is
-checked before any GPU memory is taken; every problem raises :class:`CheckpointError`, one line
-naming the file. :func:`load_weights` then fills a :class:`models.policy.pi0.Pi0`.
+:func:`inspect` reads headers and small files only (no tensors), so a deploy config is checked
+before any GPU memory is taken; every problem raises :class:`CheckpointError`, one line naming the
+file. :func:`load_weights` then fills a :class:`models.policy.pi0.Pi0`. Writing folders (benches,
+tests) is ``models.policy.checkpoint_writer``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ class Checkpoint:
     action_dim: int  # the robot's output dims
     cameras: tuple[str, ...] = ()  # LeRobot: the checkpoint's camera keys, in model slot order
     default_prompt: str = ""
+    state_dim: int = 0  # LeRobot: observation.state's length
 
 
 def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
@@ -175,8 +177,9 @@ def model_config(shapes: Mapping[str, tuple[int, ...]], pi05: bool, file: Path, 
     )
     if side * side != positions:
         raise CheckpointError(file, f"SigLIP has {positions} position embeddings, not a square grid")
-    expected = expected_shapes(config)
-    for name, shape in expected.items():
+    shapes = dict(shapes)  # tied weights are saved once: the embedding may be under lm_head's name
+    shapes.setdefault(L + "embed_tokens.weight", embedding)
+    for name, shape in expected_shapes(config).items():
         if name not in shapes:
             raise CheckpointError(
                 file,
@@ -234,6 +237,13 @@ def _stats_arrays(entry: Any, mode: str, file: Path, key: str) -> None:
         lengths.add(array.size)
     if len(lengths) > 1:
         raise CheckpointError(file, f"{key}: {' and '.join(needed)} differ in length")
+
+
+def _check_state_stats(stats: Stats, dims: int, file: Path, who: str) -> None:
+    """The state statistics must cover every value the robot sends."""
+    held = next((a.shape[0] for a in (stats.mean, stats.q01) if a is not None), None)
+    if held is not None and held < dims:
+        raise CheckpointError(file, f"the state statistics have {held} values, {who} {dims}")
 
 
 def find_norm_stats(folder: Path, asset_id: str) -> Path:
@@ -317,7 +327,8 @@ def _tokenizer(path: Path, vocab_size: int) -> Any:
     return tokenizer
 
 
-OUTPUT_DIMS = {"libero": 7, "droid": 8, "aloha": 14}
+OUTPUT_DIMS = {"libero": 7, "droid": 8, "aloha": 14}  # openpi's *Outputs slices
+STATE_DIMS = {"libero": 8, "droid": 8, "aloha": 14}  # what each robot sends
 
 
 def inspect(
@@ -349,6 +360,7 @@ def inspect(
     asset_dir = str(stats_path.parent.relative_to(folder / "assets"))
     recipe = recipe_for(pi05, preset, openpi_config, asset_dir)
     state_stats, action_stats = openpi_norm_stats(stats_path, "quantile" if pi05 else "zscore")
+    _check_state_stats(state_stats, STATE_DIMS[recipe.preset], stats_path, f"the {recipe.preset} robot sends")
     processing = Processing(
         state_stats=state_stats,
         action_stats=action_stats,
@@ -421,6 +433,15 @@ def _inspect_lerobot(
             f"normalization_mapping {modes!r}: STATE and ACTION must be MEAN_STD, QUANTILES or IDENTITY",
         )
     state_stats, action_stats = _lerobot_stats(folder, state_mode, action_mode)
+    try:
+        state_dim = int(features["observation.state"]["shape"][0])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise CheckpointError(config_file, "input_features must give observation.state a shape") from None
+    if not 1 <= state_dim <= model.state_dim:
+        raise CheckpointError(
+            config_file, f"observation.state has {state_dim} values, the model takes 1..{model.state_dim}"
+        )
+    _check_state_stats(state_stats, state_dim, folder / "policy_preprocessor.json", "observation.state has")
     processing = Processing(
         state_stats=state_stats,
         action_stats=action_stats,
@@ -430,7 +451,9 @@ def _inspect_lerobot(
         discrete_state=pi05,
         model_state_dim=model.state_dim,
     )
-    return Checkpoint(folder, "lerobot", shapes, model, processing, "lerobot", action_dim, cameras)
+    return Checkpoint(
+        folder, "lerobot", shapes, model, processing, "lerobot", action_dim, cameras, state_dim=state_dim
+    )
 
 
 def _lerobot_stats(folder: Path, state_mode: str, action_mode: str) -> tuple[Stats, Stats]:
@@ -485,131 +508,3 @@ def load_weights(model: Any, checkpoint: Checkpoint) -> None:
             target = params[ours]
             with torch.no_grad():
                 target.copy_(tensor.reshape(target.shape).to(target.dtype))
-
-
-def openpi_state_dict(model: Any) -> dict[str, Any]:
-    """``model``'s parameters under openpi's names (the inverse of :func:`load_weights`), plus
-    the parameters ``PI0Pytorch`` holds that inference never reads, zero-filled: a file openpi
-    itself loads strictly."""
-    import torch
-
-    from models.policy.pi0 import openpi_names, openpi_unused
-
-    c = model.config
-    params = dict(model.named_parameters())
-    out: dict[str, Any] = {}
-    sizes = {"q": c.n_head * c.head_dim, "k": c.n_kv_head * c.head_dim, "v": c.n_kv_head * c.head_dim}
-    for ours, sources in openpi_names(c):
-        tensor = params[ours].detach()
-        if len(sources) == 1:
-            out[sources[0]] = tensor.contiguous()
-            continue
-        if sources[0].endswith(".q_proj.weight") and "vision" not in sources[0]:
-            split = [sizes["q"], sizes["k"], sizes["v"]]
-        else:
-            split = [tensor.shape[0] // len(sources)] * len(sources)
-        for source, part in zip(sources, torch.split(tensor, split, dim=0), strict=True):
-            out[source] = part.contiguous()
-    dtype = model.dtype
-    for name, shape in openpi_unused(c).items():
-        out[name] = torch.zeros(shape, dtype=dtype)
-    return out
-
-
-def write_openpi(
-    folder: str | Path,
-    model: Any,
-    norm_stats: Mapping[str, Any],
-    asset_id: str,
-    tokenizer_file: str | Path | None = None,
-) -> Path:
-    """Write ``model`` as an openpi checkpoint folder: ``model.safetensors``, ``config.json``,
-    ``assets/<asset_id>/norm_stats.json`` (and a copy of ``tokenizer_file`` when given)."""
-    import shutil
-
-    from safetensors.torch import save_file
-
-    folder = Path(folder)
-    (folder / "assets" / asset_id).mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.cpu() for k, v in openpi_state_dict(model).items()}
-    save_file(tensors, str(folder / "model.safetensors"))
-    c = model.config
-    meta = {
-        "action_dim": c.action_dim,
-        "action_horizon": c.action_horizon,
-        "paligemma_variant": "gemma_2b",
-        "action_expert_variant": "gemma_300m",
-        "precision": str(model.dtype).removeprefix("torch."),
-    }
-    (folder / "config.json").write_text(json.dumps(meta, indent=2))
-    (folder / "assets" / asset_id / "norm_stats.json").write_text(
-        json.dumps({"norm_stats": norm_stats}, indent=2)
-    )
-    if tokenizer_file is not None:
-        shutil.copyfile(tokenizer_file, folder / TOKENIZER_FILE)
-    return folder
-
-
-def with_runtime(checkpoint: Checkpoint, dtype: str, seed: int) -> Any:
-    """The checkpoint's model config with the serving dtype and noise seed."""
-    return replace(checkpoint.model, dtype=dtype, seed=seed)
-
-
-_TOKENIZER_CORPUS = (
-    "put the bowl on the plate. open the drawer. transfer the cube. pick up the red block and "
-    "place it in the bin. fold the towel. uncap the pen. Task: , State: 0 1 2 3 4 5 6 7 8 9;\nAction: "
-)
-
-
-def write_tokenizer(path: str | Path, vocab_size: int = 320) -> Path:
-    """A small sentencepiece model (byte fallback: any text encodes) standing in for PaliGemma's
-    in random checkpoints: token ids differ, the padded prompt length and so the cost do not."""
-    import io
-
-    import sentencepiece
-
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(_TOKENIZER_CORPUS.split(". ") * 20),
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type="bpe",
-        byte_fallback=True,
-        character_coverage=1.0,
-        num_threads=1,
-        bos_id=2,
-        eos_id=1,
-        pad_id=0,
-        unk_id=3,
-        minloglevel=2,
-    )
-    Path(path).write_bytes(model.getvalue())
-    return Path(path)
-
-
-STATE_DIMS = {"libero": 8, "droid": 8, "aloha": 14}
-
-
-def random_norm_stats(preset: str) -> dict[str, dict[str, list[float]]]:
-    """Plausible statistics for a robot: z-score (mean 0.1, std 2) and quantiles (-2, 2) of its
-    state and action dims."""
-    dims = {"state": STATE_DIMS[preset], "actions": OUTPUT_DIMS[preset]}
-    return {
-        key: {"mean": [0.1] * n, "std": [2.0] * n, "q01": [-2.0] * n, "q99": [2.0] * n}
-        for key, n in dims.items()
-    }
-
-
-def write_random_openpi(
-    folder: str | Path, model_config: Any, preset: str = "libero", device: str = "cpu"
-) -> Path:
-    """A random-weight checkpoint folder in openpi's layout, with a stand-in tokenizer, for
-    ``preset``'s robot (``realtime bench robot --write-checkpoint``): the files a user of a
-    converted openpi checkpoint has, at ``model_config``'s sizes (pi0 or pi0.5 by its ``pi05``)."""
-    from models.policy.pi0 import build
-
-    recipe = RECIPES[f"{'pi05' if model_config.pi05 else 'pi0'}_{preset}"]
-    model = build(model_config, device)
-    write_openpi(folder, model, random_norm_stats(preset), recipe.asset_id)
-    write_tokenizer(Path(folder) / TOKENIZER_FILE)
-    return Path(folder)

@@ -21,7 +21,7 @@ layer reads that layer's prefix K/V plus its own (joint attention, openpi's "cau
     pi0.5: 50 action tokens ``action_in_proj(x_t)``; the flow time conditions every expert norm
            (adaRMS: ``x * (1 + scale) + shift`` and a gate on each residual branch, from
            ``silu(time_mlp_out(silu(time_mlp_in(time))))``); the state arrives as text tokens
-           in the prompt (``models.policy.openpi``).
+           in the prompt (``models.policy.processing``).
     -> final (ada)RMSNorm -> ``action_out_proj`` -> velocity v = noise - action (float32).
 Flow matching: x_1 = noise, then 10 Euler steps ``x += dt * v(x, t)``, dt = -0.1, t from 1
 accumulated in float32 as openpi does. The time embedding is openpi's sine-cosine one (periods
@@ -131,30 +131,32 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, cond: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(normed x in x's dtype, gate or None)``; ``cond`` is ``[B, cond_width]``."""
-        var = x.float().square().mean(-1, keepdim=True)
-        normed = x * torch.rsqrt(var + self.eps)
-        if cond is None:
-            return (normed * (1.0 + self.weight.float())).to(x.dtype), None
+        width = (x.shape[-1],)
+        if cond is None:  # one fused kernel on CUDA
+            return F.rms_norm(x.float(), width, 1.0 + self.weight.float(), self.eps).to(x.dtype), None
+        normed = F.rms_norm(x.float(), width, None, self.eps)
         scale, shift, gate = self.modulation(cond)[:, None, :].chunk(3, dim=-1)
         return (normed * (1.0 + scale.float()) + shift.float()).to(x.dtype), gate.to(x.dtype)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on ``[B, heads, T, head_dim]`` with ``cos``/``sin`` ``[B, T, head_dim]`` (halves rotated)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos[:, None] + torch.cat([-x2, x1], dim=-1) * sin[:, None]
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``[B, heads, T, head_dim]`` with tables ``[B, T, head_dim]`` from :func:`rope`:
+    HF Gemma's ``x * cos + rotate_half(x) * sin``, the half swap as a roll and its sign in the
+    table (the same products and sums, two kernels fewer)."""
+    return x * cos[:, None] + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin[:, None]
 
 
 def rope(
     positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gemma's rotary tables for integer ``positions [B, T]``: ``(cos, sin)`` in ``dtype``."""
+    """Gemma's rotary tables for integer ``positions [B, T]`` in ``dtype``: ``cos`` and the sine
+    with the first half negated (see :func:`rotate`)."""
     inv_freq = 1.0 / theta ** (
         torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim
     )
     freqs = positions.float()[..., None] * inv_freq
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    sin = freqs.sin().to(dtype)
+    return torch.cat([freqs, freqs], dim=-1).cos().to(dtype), torch.cat([-sin, sin], dim=-1)
 
 
 class GemmaLayer(nn.Module):
@@ -189,10 +191,9 @@ class GemmaLayer(nn.Module):
         B, T, _ = x.shape
         nh, nkv, hd = self.c.n_head, self.c.n_kv_head, self.c.head_dim
         h, gate = self.input_norm(x, cond)
-        q, k, v = self.qkv(h).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q = rotate(q.view(B, T, nh, hd).transpose(1, 2), *rotary)
-        k = rotate(k.view(B, T, nkv, hd).transpose(1, 2), *rotary)
-        v = v.view(B, T, nkv, hd).transpose(1, 2)
+        qkv = self.qkv(h).view(B, T, nh + 2 * nkv, hd).transpose(1, 2)
+        q, k = rotate(qkv[:, : nh + nkv], *rotary).split([nh, nkv], dim=1)  # q and k in one pass
+        v = qkv[:, nh + nkv :]
         keys, values = k, v
         if kv is not None:
             kv[0][:, :, start : start + T] = k

@@ -65,13 +65,13 @@ class Pi0Batch:
         return tuple(t.to(device, non_blocking=True) for t in tensors)
 
 
-def lerobot_preset(cameras: Sequence[str], action_dim: int) -> presets.Preset:
+def lerobot_preset(cameras: Sequence[str], state_dim: int, action_dim: int) -> presets.Preset:
     """A LeRobot checkpoint's observation layout: its camera keys in order (any may be missing:
-    masked), ``observation.state`` of up to 32 values."""
+    masked, at least one present), ``observation.state`` of its feature's length."""
     return presets.Preset(
         "lerobot",
         tuple(presets.Camera(key, slot, False) for slot, key in enumerate(cameras)),
-        (presets.StateKey("observation.state", 32, exact=False),),
+        (presets.StateKey("observation.state", state_dim),),
         action_dim=action_dim,
     )
 
@@ -98,7 +98,7 @@ class Pi0Policy:
         if checkpoint is not None:
             config = replace(checkpoint.model, dtype=config.dtype, seed=config.seed)
             fixed = (
-                lerobot_preset(checkpoint.cameras, checkpoint.action_dim)
+                lerobot_preset(checkpoint.cameras, checkpoint.state_dim, checkpoint.action_dim)
                 if checkpoint.layout == "lerobot"
                 else presets.PRESETS[checkpoint.preset]
             )
@@ -189,8 +189,9 @@ class Pi0Policy:
         first ticks pay no allocation or capture cost."""
         c = self.config
         image = np.zeros((c.image_size, c.image_size, 3), np.uint8)
+        state_dim = sum(k.size for k in self.preset.state) if self.preset else c.state_dim
         blank = presets.Canonical(
-            (image,) + (None,) * (c.max_cameras - 1), np.zeros(c.state_dim, np.float32), ""
+            (image,) + (None,) * (c.max_cameras - 1), np.zeros(state_dim, np.float32), ""
         )
         dim = self.spec.action_dim
         if self._use_graphs:  # every bucket, for every number of camera slots a batch may carry

@@ -21,12 +21,11 @@ Without a checkpoint (pi0-tiny, pi0-shaped) statistics are identity and the prom
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from PIL import Image
 
 Norm = Literal["identity", "zscore", "quantile"]
 
@@ -235,6 +234,8 @@ def resize_with_pad(image: np.ndarray, size: int) -> np.ndarray:
     h, w = image.shape[:2]
     if (h, w) == (size, size):
         return image
+    from PIL import Image  # only for images that need resizing (GPU benches send 224x224)
+
     ratio = max(w / size, h / size)
     rh, rw = max(1, int(h / ratio)), max(1, int(w / ratio))
     resized = Image.fromarray(np.ascontiguousarray(image)).resize((rw, rh), resample=Image.BILINEAR)
@@ -259,8 +260,11 @@ class OutputMap:
         return (chunk[:, :dim] * self.scale + self.offset).astype(np.float32)
 
     def to_model(self, actions: np.ndarray) -> np.ndarray:
-        """The inverse (for guiding the next chunk toward a delivered one)."""
-        return ((actions - self.offset) / self.scale).astype(np.float32)
+        """The inverse (for guiding the next chunk toward a delivered one); a dimension whose
+        statistics collapse it to a constant (LeRobot's std 0) maps to 0."""
+        scale = np.broadcast_to(self.scale, actions.shape)
+        out = np.divide(actions - self.offset, scale, out=np.zeros(actions.shape), where=scale != 0)
+        return out.astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -321,7 +325,3 @@ def stats_from_openpi(entry: Mapping[str, Any], mode: Norm) -> Stats:
         k: np.asarray(entry[k], np.float64) for k in ("mean", "std", "q01", "q99") if entry.get(k) is not None
     }
     return Stats(mode, **arrays)
-
-
-def pad_bools(mask: Sequence[bool], dim: int) -> tuple[bool, ...]:
-    return tuple(mask[:dim]) + (False,) * max(0, dim - len(mask))

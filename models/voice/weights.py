@@ -4,10 +4,11 @@ Every weight the offline voice default uses comes from an installed distribution
 ``models/voice/README.md`` for provenance and licences). :class:`PackagedFile` names one file by
 distribution and path inside it, with the SHA-256 it must have; :func:`verified_path` finds it
 without importing the package (some of these packages import heavy or side-effecting code) and
-checks the digest. Files derived from them (the joined Whisper ``model.bin``, the GGUF converted to
-safetensors) live under :func:`cache_dir` and are built by :func:`build_once`: into a temporary
-sibling directory, then renamed into place, so a crashed or concurrent build never leaves a
-half-written directory at the final path.
+checks the digest (a distribution that is not installed raises :class:`WeightsMissing`). Files
+derived from them (the joined Whisper ``model.bin``, the GGUF converted to safetensors) live under
+:func:`cache_dir` and are built by :func:`build_once`: into a temporary sibling directory, then
+renamed into place, so a crashed or concurrent build never leaves a half-written directory at the
+final path.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("models.voice.weights")
 
 CACHE_ENV = "REALTIME_SESSIONS_CACHE"
 MANIFEST = "manifest.json"
@@ -28,6 +33,13 @@ MANIFEST = "manifest.json"
 
 class WeightsError(RuntimeError):
     """A weight file is missing, or its content is not what the project pinned."""
+
+
+class WeightsMissing(WeightsError):
+    """The distribution that carries a weight file is not installed (or not at the pinned
+    version): an install step, not a broken install. ``str()`` names the fix (``install_hint``);
+    the server reports a session kind whose load raises it as unavailable and serves the others
+    (``realtime/app.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +88,10 @@ def locate(item: PackagedFile) -> Path:
     try:
         dist = importlib.metadata.distribution(item.distribution)
     except importlib.metadata.PackageNotFoundError:
-        raise WeightsError(f"{item.distribution} is not installed; run: {item.install_hint}") from None
+        raise WeightsMissing(f"{item.distribution} is not installed; run: {item.install_hint}") from None
     if dist.version != item.version:
-        raise WeightsError(
-            f"{item.distribution} {dist.version} is installed, the pinned weights are in {item.version}; "
-            f"run: {item.install_hint}"
+        raise WeightsMissing(  # short: a websocket close reason carries it (at most 123 bytes)
+            f"{item.distribution} {dist.version} is installed, not {item.version}; run: {item.install_hint}"
         )
     return Path(str(dist.locate_file(item.path)))
 
@@ -93,12 +104,15 @@ def verified_path(item: PackagedFile) -> Path:
 def build_once(name: str, build: Callable[[Path], None]) -> Path:
     """The cache directory ``name``, built by ``build(tmp_dir)`` if absent, checked if present.
 
-    ``build`` writes the derived files into the empty directory it is given. Afterwards the SHA-256
+    ``build`` writes the derived files into the empty directory it is given; a build logs one
+    line as it starts and one when done (a first start's long step, e.g. the GGUF conversion). Afterwards the SHA-256
     of every file is recorded in ``manifest.json``; later calls re-hash the files against it, so
     a corrupted or edited cache raises :class:`WeightsError` (delete the directory to rebuild).
     """
     final = cache_dir() / name
     if not final.exists():
+        log.info("building cached weights once", extra={"path": str(final)})
+        started = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
         try:
             build(tmp)
@@ -110,6 +124,10 @@ def build_once(name: str, build: Callable[[Path], None]) -> Path:
             except OSError:
                 if not (final / MANIFEST).is_file():  # not a concurrent build that won the race
                     raise
+            log.info(
+                "built cached weights",
+                extra={"path": str(final), "seconds": round(time.monotonic() - started, 1)},
+            )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     manifest = final / MANIFEST

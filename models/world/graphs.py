@@ -9,11 +9,11 @@ graph launches a whole pass in one call (``docs/benchmarks.md``, "world: CUDA gr
 What is captured, for each batch size ``B`` from 1 to ``max_batch``: ``CausalDiT.forward`` over
 ``B`` sessions whose windows are full (the steady state every session reaches at
 ``KVGeometry.steady_block``: every resident frame visible, no mask, the full key length). Its
-inputs are static buffers: the noisy latents, their sigmas, frame positions and actions, and the
+inputs are static buffers: the noisy latents, their timesteps, frame positions and actions, and the
 cross-attention K/V (this object's, :meth:`DiTGraphs.load` and :meth:`DiTGraphs.run` copy into
 them), and the past K/V with room for the block (the pool's scratch, ``KVPool.reserve_scratch``,
 where ``KVPool.gather`` writes). The denoise passes and the clean pass replay the same graph
-(sigma is an input). The block's K/V that the clean pass leaves to commit are the past's room,
+(the timestep is an input). The block's K/V that the clean pass leaves to commit are the past's room,
 where each pass's self-attention writes its tokens' K/V.
 
 Everything else runs as before, eagerly: a session's first blocks (its window filling), a batch
@@ -36,7 +36,7 @@ from models.cuda_graphs import capture
 from models.world.dit import KV, CausalDiT
 from models.world.kv_cache import KVPool
 
-MISMATCH_TOLERANCE = 0.02  # replay vs eager: max |difference| / max |eager x0| (bf16 rounding is ~1e-2)
+MISMATCH_TOLERANCE = 0.02  # replay vs eager: max |difference| / max |eager output| (bf16 rounding is ~1e-2)
 
 
 class GraphMismatch(RuntimeError):
@@ -46,7 +46,7 @@ class GraphMismatch(RuntimeError):
 @dataclass
 class _Replay:
     graph: torch.cuda.CUDAGraph
-    x0: Tensor  # the capture's output: every replay rewrites it
+    out: Tensor  # the capture's output: every replay rewrites it
 
 
 class DiTGraphs:
@@ -61,7 +61,7 @@ class DiTGraphs:
         self.room = fpb * cfg.tokens_per_frame
         self.keys = pool.geometry.resident_frames * cfg.tokens_per_frame + self.room
         self.x = like.new_zeros(max_batch, fpb, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
-        self.sigma = like.new_zeros(max_batch, fpb)
+        self.t = torch.zeros(max_batch, fpb, dtype=torch.float32, device=like.device)
         self.pos = torch.zeros(max_batch, fpb, dtype=torch.long, device=like.device)
         self.actions = like.new_zeros(max_batch, fpb, cfg.action_dim)
         text = (max_batch, cfg.text_len, cfg.heads, cfg.head_dim)
@@ -101,26 +101,26 @@ class DiTGraphs:
             static_k[:b].copy_(k)
             static_v[:b].copy_(v)
 
-    def run(self, x: Tensor, sigma: float) -> Tensor:
-        """One pass over ``x [B, F, C, h, w]`` at noise ``sigma``: x0 (a fresh tensor)."""
+    def run(self, x: Tensor, t: float) -> Tensor:
+        """One pass over ``x [B, F, C, h, w]`` at timestep ``t``: the flow prediction (a fresh tensor)."""
         b = x.shape[0]
         self.x[:b].copy_(x)
-        self.sigma[:b].fill_(sigma)
+        self.t[:b].fill_(t)
         replay = self._replays[b]
         replay.graph.replay()
         self.replayed += 1
-        return replay.x0.clone()
+        return replay.out.clone()
 
     def _forward(self, b: int, past: list[KV]) -> Tensor:
         cross = [(k[:b], v[:b]) for k, v in self.cross]
-        x0, _ = self.dit(self.x[:b], self.pos[:b], self.sigma[:b], self.actions[:b], cross, None, past)
-        return x0
+        flow, _ = self.dit(self.x[:b], self.pos[:b], self.t[:b], self.actions[:b], cross, None, past)
+        return flow
 
-    def _probe(self, b: int, sigma: float, generator: torch.Generator) -> None:
+    def _probe(self, b: int, t: float, generator: torch.Generator) -> None:
         """Fresh inputs for ``b`` sessions at steady-state positions."""
         start = self.pool.geometry.steady_block * self.x.shape[1]
         self.x[:b].normal_(generator=generator)
-        self.sigma[:b].fill_(sigma)
+        self.t[:b].fill_(t)
         self.pos[:b].copy_(torch.arange(start, start + self.x.shape[1], device=self.pos.device))
         self.actions[:b].normal_(generator=generator)
         for k, v in self.cross:
@@ -128,18 +128,18 @@ class DiTGraphs:
             v[:b].normal_(generator=generator)
 
     def _capture(self, b: int, generator: torch.Generator) -> _Replay:
-        self._probe(b, 0.75, generator)
+        self._probe(b, 750.0, generator)
         if self._memory is None:
             self._memory = torch.cuda.graph_pool_handle()
         past = self.pool.scratch_past(b, self.room)
-        graph, x0 = capture(lambda: self._forward(b, past), self._memory)
-        self._probe(b, 0.25, generator)  # new inputs: a replay must read them, not the capture's
+        graph, out = capture(lambda: self._forward(b, past), self._memory)
+        self._probe(b, 250.0, generator)  # new inputs: a replay must read them, not the capture's
         want = self._forward(b, past)
         graph.replay()
-        error = float((x0.float() - want.float()).abs().max())
+        error = float((out.float() - want.float()).abs().max())
         scale = float(want.float().abs().max())
         if not error <= MISMATCH_TOLERANCE * scale:  # also catches NaN
             raise GraphMismatch(
                 f"batch {b}: replay differs from the eager pass by {error:.3g} (scale {scale:.3g})"
             )
-        return _Replay(graph, x0)
+        return _Replay(graph, out)

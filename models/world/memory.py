@@ -16,20 +16,36 @@ from __future__ import annotations
 
 import torch
 
+from models.world import vae, wan_vae
 from models.world.configs import WorldModelConfig
 from models.world.dit import CausalDiT
 from models.world.kv_cache import KVGeometry
-from models.world.vae import CausalDecoder
+from models.world.prompts import WordEmbedding
 
 ALLOCATOR_MARGIN = 1.25
 KERNEL_WORKSPACE_BYTES = 256 * 2**20  # cuDNN convolution and cuBLAS workspaces of one tick
 
 
 def weight_bytes(cfg: WorldModelConfig, dtype: torch.dtype) -> int:
-    """Parameters and buffers of the DiT and the decoder in ``dtype`` (built on the meta device)."""
+    """Parameters and buffers of the DiT, the decoder and the word-prompt table (where the config
+    has one) in ``dtype``, built on the meta device. (A umT5 text encoder is counted by its owner.)"""
     with torch.device("meta"):
-        dit, decoder = CausalDiT(cfg).to(dtype), CausalDecoder(cfg).to(dtype)
-    return sum(t.numel() * t.element_size() for m in (dit, decoder) for t in (*m.parameters(), *m.buffers()))
+        parts = [CausalDiT(cfg), _decoder(cfg), *([WordEmbedding(cfg)] if cfg.text_vocab else [])]
+    elem = torch.empty((), dtype=dtype).element_size()
+    return sum(t.numel() * elem for m in parts for t in (*m.parameters(), *m.buffers()))
+
+
+def _decoder(cfg: WorldModelConfig) -> torch.nn.Module:
+    if cfg.vae == "wan2.1":
+        return wan_vae.WanVAEDecoder(wan_vae.WAN_VAE, cfg.latent_height, cfg.latent_width)
+    return vae.CausalDecoder(cfg)
+
+
+def decoder_state_bytes(cfg: WorldModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of one session's decoder temporal cache (the small causal decoder's, or Wan's VAE's)."""
+    if cfg.vae == "wan2.1":
+        return wan_vae.decoder_state_bytes(wan_vae.WAN_VAE, cfg.latent_height, cfg.latent_width, dtype)
+    return vae.decoder_state_bytes(cfg, dtype)
 
 
 def dit_activation_bytes(
@@ -48,18 +64,41 @@ def dit_activation_bytes(
 
 
 def decoder_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> int:
-    """Peak live activations of decoding ``max_batch`` blocks: at the largest upsampling level the
-    upsampled input plus three tensors at the level's width (the convolution's output and its
-    activation, or a residual block's input and two intermediates), for every frame of a block."""
+    """Peak live activations of decoding ``max_batch`` blocks: at the largest level the level's
+    input plus three tensors at its width (the convolution's output and its activation, or a
+    residual block's input and two intermediates), for every frame the level holds."""
     elem = torch.empty((), dtype=dtype).element_size()
-    frames = max_batch * cfg.frames_for_block(False)
+    levels = _wan_levels(cfg) if cfg.vae == "wan2.1" else _causal_levels(cfg)
+    return (
+        max_batch * max(frames * pixels * (c_in + 3 * c_out) for frames, pixels, c_in, c_out in levels) * elem
+    )
+
+
+def _causal_levels(cfg: WorldModelConfig) -> list[tuple[int, int, int, int]]:
+    """(frames, pixels, input width, width) of the small decoder's upsampling levels for one later block."""
     ch = cfg.decoder_channels
     widths = [ch[min(i + 1, len(ch) - 1)] for i in range(len(ch))]
-    peak = 0
-    for level, (c_in, c_out) in enumerate(zip(ch, widths, strict=True)):
-        pixels = cfg.latent_height * cfg.latent_width * 4 ** (level + 1)
-        peak = max(peak, pixels * (c_in + 3 * c_out))
-    return frames * peak * elem
+    frames, cells = cfg.frames_for_block(False), cfg.latent_height * cfg.latent_width
+    return [
+        (frames, cells * 4 ** (i + 1), c_in, c_out)
+        for i, (c_in, c_out) in enumerate(zip(ch, widths, strict=True))
+    ]
+
+
+def _wan_levels(cfg: WorldModelConfig) -> list[tuple[int, int, int, int]]:
+    """The same for the Wan 2.1 VAE decoder (``wan_vae.WanVAEDecoder``): its middle, then each
+    level's residual blocks at the frames and pixels they see (x2 in time after the first two
+    levels, x2 in space after the first three; an upsample halves the width)."""
+    w = wan_vae.WAN_VAE
+    dims = [w.dim * m for m in (w.dim_mult[-1], *reversed(w.dim_mult))]
+    frames, pixels = cfg.frames_per_block, cfg.latent_height * cfg.latent_width
+    levels = [(frames, pixels, dims[0], dims[0])]
+    for i, c_out in enumerate(dims[1:]):
+        levels.append((frames, pixels, dims[i] if i == 0 else dims[i] // 2, c_out))
+        if i < len(w.temporal_upsample):
+            frames *= 2 if w.temporal_upsample[i] else 1
+            pixels *= 4
+    return levels
 
 
 def graph_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batch: int) -> int:

@@ -24,7 +24,6 @@ self-attention KV (the visual history) is kept, so the world continues under the
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,21 +33,20 @@ from torch import Tensor
 
 from models.transfer import to_device
 from models.world.attention import resolve_kernel
+from models.world.checkpoints import dit_state_dict
 from models.world.configs import WorldModelConfig, load_model_weights, read_config
 from models.world.dit import CausalDiT
 from models.world.graphs import DiTGraphs
 from models.world.kv_cache import KVGeometry, KVPool
+from models.world.memory import decoder_state_bytes
 from models.world.profiling import OFF, Profiler
+from models.world.prompts import PromptContext, WordEmbedding, tokenize
 from models.world.sampler import BlockRequest, FlowSampler
 from models.world.start_frames import StartFrames, load_start_frames
-from models.world.vae import CausalDecoder, DecoderState, decoder_state_bytes, split_state, stack_states
+from models.world.vae import CausalDecoder, DecoderState, split_state, stack_states
+from models.world.wan_vae import WAN_VAE, WanVAEDecoder, load_wan_vae_decoder
 
-
-def tokenize(prompt: str | None, cfg: WorldModelConfig) -> Tensor:
-    """Prompt -> ``text_len`` token ids: lowercase words hashed into the vocabulary, 0 = pad."""
-    words = "".join(ch if ch.isalnum() else " " for ch in (prompt or "").lower()).split()
-    ids = [1 + zlib.crc32(w.encode()) % (cfg.text_vocab - 1) for w in words[: cfg.text_len]]
-    return torch.tensor(ids + [0] * (cfg.text_len - len(ids)), dtype=torch.long)
+Decoder = CausalDecoder | WanVAEDecoder  # latents + a session's DecoderState -> frames in [0, 1]
 
 
 @dataclass(frozen=True)
@@ -74,8 +72,9 @@ class _Session:
 class WorldModel:
     cfg: WorldModelConfig
     dit: CausalDiT
-    decoder: CausalDecoder
+    decoder: Decoder
     pool: KVPool
+    prompts: PromptContext  # prompts -> text context [B, text_len, text_dim] (models.world.prompts)
     starts: StartFrames | None = None  # a session's first block begins from one (start_frames.py)
     sessions: dict[str, _Session] = field(default_factory=dict)
     graphs: DiTGraphs | None = None  # capture_graphs: CUDA graphs of the DiT's steady pass
@@ -92,24 +91,54 @@ class WorldModel:
         seed: int = 0,
         attention: str = "sdpa",
         profiler: Profiler = OFF,
+        checkpoint: Path | None = None,
+        vae: Path | None = None,
+        prompts: PromptContext | None = None,
     ) -> WorldModel:
-        """Random init from ``seed`` (or ``weights``), eval mode, a pool of ``slots`` sessions.
-        ``profiler``: stage timing (``models.world.profiling``; off by default).
+        """Random init from ``seed``, eval mode, a pool of ``slots`` sessions; then the weights:
+
+        - ``weights``: a model file of our layout (``dit.*``, ``decoder.*``, ``text.*``, start frames);
+        - ``checkpoint``: a Self-Forcing / CausVid DiT checkpoint (``models.world.checkpoints``);
+        - ``vae``: Wan 2.1's ``Wan2.1_VAE.pth`` (``cfg.vae`` ``wan2.1``; without it, random);
+        - ``prompts``: the text context of prompts (umT5 embeddings), required where ``cfg`` has no
+          word vocabulary of its own (``models.world.prompts``).
 
         ``attention``: the DiT's attention kernel, ``auto``, ``sdpa`` or ``flash4``
-        (``models.world.attention.resolve_kernel``)."""
+        (``models.world.attention.resolve_kernel``). ``profiler``: stage timing
+        (``models.world.profiling``; off by default)."""
+        if prompts is None and not cfg.text_vocab:
+            raise ValueError(f"{cfg.name} takes umT5 prompt embeddings: a text encoder or an embeddings file")
         torch.manual_seed(seed)
         with torch.device(device):  # init where the model runs: no host copy of a 2 B-param DiT
-            dit, decoder = CausalDiT(cfg), CausalDecoder(cfg)
+            dit = CausalDiT(cfg)
+            words = WordEmbedding(cfg) if prompts is None else None
+            decoder: Decoder = (
+                WanVAEDecoder(WAN_VAE, cfg.latent_height, cfg.latent_width)
+                if cfg.vae == "wan2.1"
+                else CausalDecoder(cfg)
+            )
         if weights is not None:
             load_model_weights(dit, weights, "dit.")
             load_model_weights(decoder, weights, "decoder.")
+            if words is not None:
+                load_model_weights(words, weights, "text.")
+        if checkpoint is not None:
+            dit.load_state_dict(dit_state_dict(checkpoint, cfg))
+        if vae is not None:
+            decoder = load_wan_vae_decoder(
+                vae, cfg.latent_height, cfg.latent_width, device=device, dtype=dtype
+            )
         dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
         dit.attention = resolve_kernel(attention, device, dtype)
         decoder = decoder.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        if words is not None:
+            prompts = words.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        assert prompts is not None
         pool = KVPool(KVGeometry.of(cfg, dtype), slots, dtype, device)
         starts = load_start_frames(weights) if weights is not None else None
-        return cls(cfg, dit, decoder, pool, starts.to(device, dtype) if starts else None, profiler=profiler)
+        return cls(
+            cfg, dit, decoder, pool, prompts, starts.to(device, dtype) if starts else None, profiler=profiler
+        )
 
     @classmethod
     def from_weights(cls, path: Path, slots: int, **kw) -> WorldModel:
@@ -188,7 +217,8 @@ class WorldModel:
                 t.session_id,
                 t.block,
                 s.seed,
-                t.action.reshape(1, -1).expand(cfg.frames_per_block, -1),
+                # a model without actions (text-to-video: Self-Forcing, CausVid) takes none of them
+                t.action.reshape(1, -1)[:, : cfg.action_dim].expand(cfg.frames_per_block, -1),
                 self.starts.choose(tokenize(t.prompt, cfg), s.seed) if self.starts and t.block == 0 else None,
             )
             for t, s in zip(ticks, states, strict=True)
@@ -196,8 +226,8 @@ class WorldModel:
         cross = self.pool.cross(ids)
         changed = [i for i, (t, s) in enumerate(zip(ticks, states, strict=True)) if t.prompt != s.prompt]
         if changed:
-            tokens = torch.stack([tokenize(ticks[i].prompt, cfg) for i in changed]).to(self.pool.k.device)
-            fresh = self.dit.cross_kv(tokens)
+            context = self.prompts([ticks[i].prompt for i in changed]).to(self.pool.k)
+            fresh = self.dit.cross_kv(context)
             index = to_device(torch.tensor(changed), self.pool.k, torch.long)
             cross = [
                 (k.index_copy(0, index, fk), v.index_copy(0, index, fv))

@@ -2,13 +2,15 @@
 
 One tick of a session generates block ``b`` (latent frames ``b*fpb .. b*fpb + fpb - 1``):
 
-1. **staged denoise passes** at the configured noise levels (e.g. 1.0, 0.5): each predicts the
-   clean block x0 against the session's resident KV (read-only) and re-noises it to the next
-   level with fresh noise (Self-Forcing / DMD few-step sampling); a request that carries a start
+1. **staged denoise passes** at the configured noise levels (``cfg.sigmas``, the DiT seeing
+   ``cfg.step_timesteps``: Self-Forcing's warped [1000, 750, 500, 250] at shift 5 are timesteps
+   1000, 937.5, 833.3, 625): each predicts the clean block x0 (``x - sigma * v`` from the DiT's flow
+   prediction, in float32) against the session's resident KV (read-only) and re-noises it to the
+   next level with fresh noise (Self-Forcing / DMD few-step sampling); a request that carries a start
    latent (a session's first block, when the model ships start frames) has its first frame held
    at that latent after every pass;
-2. a **clean pass** at sigma = 0 over the final x0 whose K/V are the only thing committed to the
-   pool (Self-Forcing "rerun with timestep zero", world_engine's cache pass).
+2. a **clean pass** at timestep 0 over the final x0 whose K/V are the only thing committed to the
+   pool (Self-Forcing's "rerun with timestep zero", its ``context_noise`` 0; world_engine's cache pass).
 
 Noise is counter-based: ``block_noise(seed, block, step)``, so a session's output depends only on
 its seed, prompt and action history, never on which other sessions share the batch or on the
@@ -68,6 +70,17 @@ class BlockRequest:
     start: Tensor | None = None  # [C, h, w]: a start latent held as the block's first frame
 
 
+def x0_from_flow(x: Tensor, flow: Tensor, sigma: float) -> Tensor:
+    """The clean latents of ``x`` at noise ``sigma`` from the DiT's flow prediction
+    (``v = noise - x0``, so ``x0 = x - sigma v``), computed in float32."""
+    return (x.float() - sigma * flow.float()).to(x.dtype)
+
+
+def renoise(x0: Tensor, noise: Tensor, sigma: float) -> Tensor:
+    """``x0`` moved to noise level ``sigma``: ``(1 - sigma) x0 + sigma noise``, in float32."""
+    return ((1 - sigma) * x0.float() + sigma * noise.float()).to(x0.dtype)
+
+
 def pin_starts(reqs: Sequence[BlockRequest], x0: Tensor) -> Tensor:
     """``x0`` with each start-carrying request's first frame replaced by its start latent
     (replacement inpainting: the block's other frames are denoised around it)."""
@@ -93,7 +106,7 @@ class FlowSampler:
     def _pass(
         self,
         x: Tensor,
-        s: float,
+        t: float,
         pos: Tensor,
         actions: Tensor,
         cross: list[KV],
@@ -101,14 +114,12 @@ class FlowSampler:
         past: list[KV] | None,
         replay: bool,
     ) -> tuple[Tensor, list[KV]]:
-        """One DiT pass at noise ``s``: x0 and, from an eager pass, its tokens' K/V."""
+        """One DiT pass at timestep ``t``: the flow prediction and, from an eager pass, its tokens' K/V."""
         if replay:
             assert self.graphs is not None
-            x0, kv = self.graphs.run(x, s), []
-        else:
-            sigma = torch.full(x.shape[:2], s, dtype=x.dtype, device=x.device)
-            x0, kv = self.dit(x, pos, sigma, actions, cross, mask, past)
-        return x0, kv
+            return self.graphs.run(x, t), []
+        timesteps = torch.full(x.shape[:2], t, dtype=torch.float32, device=x.device)
+        return self.dit(x, pos, timesteps, actions, cross, mask, past)
 
     def _replays(
         self, past: list[KV] | None, mask: Tensor | None, pos: Tensor, actions: Tensor, cross: list[KV]
@@ -149,12 +160,11 @@ class FlowSampler:
         replay = self._replays(past, mask, pos, actions, cross)
         x = x0 = noise[0]
         self.profiler.mark("denoise")
-        for i, s in enumerate(cfg.sigmas):
-            x0, _ = self._pass(x, s, pos, actions, cross, mask, past, replay)
-            x0 = pin_starts(reqs, x0)
+        for i, (s, t) in enumerate(zip(cfg.sigmas, cfg.step_timesteps, strict=True)):
+            flow, _ = self._pass(x, t, pos, actions, cross, mask, past, replay)
+            x0 = pin_starts(reqs, x0_from_flow(x, flow, s))
             if i + 1 < len(cfg.sigmas):
-                nxt = cfg.sigmas[i + 1]
-                x = (1 - nxt) * x0 + nxt * noise[i + 1]
+                x = renoise(x0, noise[i + 1], cfg.sigmas[i + 1])
         self.profiler.mark("denoised")
         return x0, past, mask
 
@@ -192,33 +202,33 @@ def recompute_x0(
     history_actions: Tensor,
     x: Tensor,
     block: int,
-    sigma: float,
+    step: int,
     actions: Tensor,
     cross: list[KV],
 ) -> Tensor:
     """Cache-free reference: one full masked forward over ``[clean history ; noisy block]``.
 
     ``history [B, H, C, h, w]`` clean latents at absolute frames ``history_pos [H]`` with their
-    actions ``[B, H, A]``; ``x [B, fpb, ...]`` is block ``block`` at noise ``sigma``. Returns the
-    block's x0. With the full history this equals the cached path exactly; with only the last
-    ``sink + window`` frames it is the recompute-the-window baseline.
+    actions ``[B, H, A]``; ``x [B, fpb, ...]`` is block ``block`` at the schedule's ``step``.
+    Returns the block's x0. With the full history this equals the cached path exactly; with only
+    the last ``sink + window`` frames it is the recompute-the-window baseline.
     """
     cfg = dit.cfg
     fpb, b = cfg.frames_per_block, x.shape[0]
     block_pos = torch.arange(block * fpb, block * fpb + fpb, device=x.device)
     pos = torch.cat([history_pos.to(x.device), block_pos])
-    sig = torch.cat([torch.zeros(history.shape[1]), torch.full((fpb,), sigma)]).to(x)
+    t = torch.cat([torch.zeros(history.shape[1]), torch.full((fpb,), cfg.step_timesteps[step])])
     tok_frames = pos.repeat_interleave(cfg.tokens_per_frame)
     mask = block_causal_mask(tok_frames, tok_frames, fpb, cfg.sink_frames, cfg.window_frames)
-    out, _ = dit(
+    flow, _ = dit(
         torch.cat([history, x], 1),
         pos.expand(b, -1),
-        sig.expand(b, -1),
+        t.to(x.device).expand(b, -1),
         torch.cat([history_actions, actions], 1),
         cross,
         mask,
     )
-    return out[:, history.shape[1] :]
+    return x0_from_flow(x, flow[:, history.shape[1] :], cfg.sigmas[step])
 
 
 @torch.no_grad()
@@ -237,9 +247,8 @@ def recompute_generate(
     noise = block_noises(reqs, len(cfg.sigmas), shape, history)
     actions = torch.stack([r.actions for r in reqs]).to(history)
     x = x0 = noise[0]
-    for i, s in enumerate(cfg.sigmas):
-        x0 = recompute_x0(dit, history, history_pos, history_actions, x, block, s, actions, cross)
+    for i in range(len(cfg.sigmas)):
+        x0 = recompute_x0(dit, history, history_pos, history_actions, x, block, i, actions, cross)
         if i + 1 < len(cfg.sigmas):
-            nxt = cfg.sigmas[i + 1]
-            x = (1 - nxt) * x0 + nxt * noise[i + 1]
+            x = renoise(x0, noise[i + 1], cfg.sigmas[i + 1])
     return x0

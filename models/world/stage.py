@@ -42,9 +42,10 @@ from torch import Tensor
 
 from models.stage import StageItem
 from models.world.controls import KEYS_TRACK, MOUSE_TRACK, action_vector
+from models.world.memory import decoder_state_bytes
 from models.world.model import WorldModel, WorldTick
 from models.world.profiling import BlockTimings, Marks, block_timings
-from models.world.vae import DecoderState, decoder_state_bytes
+from models.world.vae import DecoderState
 
 
 @dataclass(frozen=True)

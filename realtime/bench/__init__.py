@@ -16,6 +16,8 @@ SCENARIOS: dict[str, str] = {
     "voice": "realtime.bench.voice",
     "duplex": "realtime.bench.duplex",
     "llm": "realtime.bench.llm",
+    "scale": "realtime.bench.scale",
+    "reliability": "realtime.bench.reliability",
 }
 
 

@@ -59,6 +59,12 @@ GOALS: dict[str, dict[str, Goal]] = {
     "duplex": {
         "max_sessions_80ms": Goal(">=", 128, 30),
     },
+    "scale": {
+        "proxy_added_p50_ms": Goal("<=", 1.0, 28),
+        "throughput_ratio_2_vs_1": Goal(">=", 1.8, 28),
+        "resume_after_loss_ms": Goal("<=", 2000, 28),
+        "lost_sessions": Goal("<=", 0, 28),
+    },
 }
 
 

@@ -29,14 +29,14 @@ calls ``openpi_client.WebsocketClientPolicy`` makes, plus a public ``close``).
 ``--device`` (``auto``, ``cpu`` or ``cuda``) is ``robot.device`` for both servers' pi0-tiny (the
 trivial policy of (a) always runs on the CPU). On a GPU machine, one run of the defaults takes
 about a minute: ``realtime bench robot --device cuda``. ``--policy pi0-shaped`` runs (a'), (b)
-and (c) with pi0 at its real shapes (``models.policy.pi0_tiny.PI0_SHAPED``, bf16, CUDA graphs in
+and (c) with pi0 at its real shapes (``realtime.kinds.robot`` builds ``models.policy.pi0.PI0``, bf16, CUDA graphs in
 both servers: the same policy objects); ``--clients 8,32`` measures (b) at each count and
 ``--parts`` picks the sections, e.g. the GPU-issue run
 ``realtime bench robot --device cuda --policy pi0-shaped --parts a',b --clients 8,32 --max-batch 32``.
 ``--policy pi0 --checkpoint PATH`` (or ``pi0.5``) serves a checkpoint folder in both servers
 (``robot.checkpoint``; ``--tokenizer`` for ``robot.tokenizer``); ``--write-checkpoint`` first
 writes a random-weight one at the real size in openpi's layout into PATH (LIBERO assets, a
-stand-in tokenizer: ``models.policy.checkpoint.write_random_openpi``), e.g.
+stand-in tokenizer: ``models.policy.checkpoint_writer.write_random_openpi``), e.g.
 ``realtime bench robot --device cuda --policy pi0 --checkpoint /tmp/pi0 --write-checkpoint --parts a',b``.
 
 The last line is JSON: ``overhead_ratio_libero``, ``overhead_ratio_aloha`` (ours / peer p50
@@ -175,7 +175,7 @@ def write_checkpoint(policy: str, folder: str, device: str) -> None:
 
     import torch
 
-    from models.policy.checkpoint import write_random_openpi
+    from models.policy.checkpoint_writer import write_random_openpi
     from models.policy.pi0 import PI0, PI05
 
     on = "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"

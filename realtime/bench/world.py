@@ -41,9 +41,17 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
    and after each run, ``realtime.bench.world_stages``: ``mean``, ``p50`` and ``max`` of the later blocks,
    ``first_block`` the mean of the run's first blocks, ``n`` the later blocks counted).
 
+``--model self-forcing`` / ``causvid`` with ``--checkpoint PATH`` (and ``--vae``, ``--text-encoder``
+or ``--prompt-embeddings``: the served ``world.*`` files, docs/models.md) runs every section on the
+checkpoint; ``--write-random-checkpoint DIR`` writes random files of the real size in the real
+layouts first (``realtime.bench.world_checkpoint``).
+
 Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``,
 ``pipeline_overlap_ratio``, ``continuous_play_ratio``, ``key_to_frame_ms_p50``,
-``key_to_frame_ms_p95``, ``key_to_frame_continuous_play_ratio``.
+``key_to_frame_ms_p95``, ``key_to_frame_continuous_play_ratio``; on a CPU device also the first
+three in this thread's CPU time (``tick_cpu_ratio_100_vs_5``, ``recompute_cpu_ratio_100``,
+``batched_vs_sliced_cpu_4``: DiT ticks one by one / batched), which other jobs on a shared box move
+far less than the wall-clock ratios, so two trees can be compared there.
 """
 
 from __future__ import annotations
@@ -70,11 +78,12 @@ from prometheus_client import CollectorRegistry
 
 from models.world.configs import CONFIGS
 from models.world.kv_cache import KVGeometry
-from models.world.model import WorldModel, WorldTick, tokenize
+from models.world.model import WorldModel, WorldTick
 from models.world.sampler import BlockRequest, recompute_generate
 from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
 from realtime.bench import world_stages
-from realtime.kinds.world import resolve_model
+from realtime.config import WorldConfig
+from realtime.kinds.world import prompt_context, resolve_model
 from realtime.kinds.world_pacing import PlaybackPacer
 from realtime.media.stage import MediaEncodeStage, MediaSettings
 from sessions.engine import Pipeline, StageEngine
@@ -86,16 +95,29 @@ def _act(i: int) -> torch.Tensor:
     return a
 
 
+def _files(args) -> dict[str, str]:
+    """The served world config's checkpoint files (``--checkpoint`` and its companions)."""
+    names = ("checkpoint", "vae", "text_encoder", "prompt_embeddings")
+    return {n: getattr(args, n) for n in names if getattr(args, n)}
+
+
 def _build(args, slots: int) -> WorldModel:
-    """The served model: the committed weights (with their own config) where they exist."""
+    """The served model: the committed weights (with their own config) where they exist, or the
+    checkpoint files of ``--checkpoint``."""
     cfg, weights = resolve_model(args.model, None)
+    files = _files(args)
+    dtype = getattr(torch, args.dtype)
+    prompts = prompt_context(WorldConfig(device=args.device, **files), cfg, dtype) if files else None
     return WorldModel.build(
         cfg,
         slots=slots,
         weights=weights,
         device=args.device,
-        dtype=getattr(torch, args.dtype),
+        dtype=dtype,
         attention=args.attention,
+        checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+        vae=Path(args.vae) if args.vae else None,
+        prompts=prompts,
     )
 
 
@@ -105,16 +127,22 @@ def _sync(device: str) -> None:
 
 
 def tick_latency(args) -> dict[str, float]:
+    """Section 1 in wall time (medians over ``--reps``) and, beside it, in this thread's CPU time
+    (minimums): ``*_cpu_ms_*``, what a tick costs the tree, which other jobs on a shared CPU box
+    move far less than the wall time (that waits for a core). The CPU keys mean the device's work
+    only on a CPU device."""
     model = _build(args, 1)
     model.open("s", seed=0)
     times: dict[int, list[float]] = {}
+    cpu: dict[int, float] = {}
     history = []
     for b in range(args.blocks + args.reps):
         _sync(args.device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         x0 = model.generate([WorldTick("s", b, "stone", _act(b))])
         _sync(args.device)
         times.setdefault(b, []).append(time.perf_counter() - t0)
+        cpu[b] = (time.thread_time() - c0) * 1000
         history.append(x0)
 
     def at(block: int) -> float:
@@ -129,20 +157,54 @@ def tick_latency(args) -> dict[str, float]:
     frames = list(range(cfg.sink_frames)) + list(range(hist.shape[1] - cfg.window_frames, hist.shape[1]))
     ctx, pos = hist[:, frames], torch.tensor(frames)
     acts = torch.zeros(1, keep, cfg.action_dim, device=hist.device, dtype=hist.dtype)
-    cross = model.dit.cross_kv(tokenize("stone", cfg)[None].to(hist.device))
+    cross = model.dit.cross_kv(model.prompts(["stone"]).to(hist))
     req = [BlockRequest("s", args.blocks, 0, _act(0).expand(cfg.frames_per_block, -1))]
-    rec = []
+    rec, rec_cpu = [], []
     for _ in range(args.reps):
         _sync(args.device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         recompute_generate(model.dit, ctx, pos, acts, req, cross)  # no clean pass: nothing is cached
         _sync(args.device)
         rec.append(time.perf_counter() - t0)
+        rec_cpu.append((time.thread_time() - c0) * 1000)
+    late = args.blocks - args.reps
     return {
         "resident_ms_5": at(5),
-        "resident_ms_100": at(args.blocks - args.reps),
+        "resident_ms_100": at(late),
         "recompute_ms_100": statistics.median(rec) * 1000,
+        "resident_cpu_ms_5": min(cpu[b] for b in range(5, 5 + args.reps)),
+        "resident_cpu_ms_100": min(cpu[b] for b in range(late, late + args.reps)),
+        "recompute_cpu_ms_100": min(rec_cpu),
     }
+
+
+def batched_cpu_gain(args, sessions: int = 4) -> float:
+    """This thread's CPU time for ``sessions`` ticks one by one / for one batched tick of them (the
+    DiT with full windows, minimums over ``--reps``, interleaved): the work batching saves, which
+    the fps ratios of section 2 show only where a core is idle."""
+    model = _build(args, sessions)
+    ids = [f"s{i}" for i in range(sessions)]
+    for sid in ids:
+        model.open(sid, seed=0)
+    block = dict.fromkeys(ids, 0)
+
+    def tick(group: list[str]) -> None:
+        model.generate([WorldTick(sid, block[sid], "stone", _act(block[sid])) for sid in group])
+        for sid in group:
+            block[sid] += 1
+
+    def cpu_ms(run) -> float:
+        start = time.thread_time()
+        run()
+        return (time.thread_time() - start) * 1000
+
+    for _ in range(model.cfg.sink_frames + model.cfg.window_frames):  # fill every window
+        tick(ids)
+    batched, one_by_one = [], []
+    for _ in range(args.reps):
+        batched.append(cpu_ms(lambda: tick(ids)))
+        one_by_one.append(cpu_ms(lambda: [tick([sid]) for sid in ids]))
+    return min(one_by_one) / min(batched)
 
 
 def _pipeline(args, model: WorldModel, max_batch: int, encode: bool = True) -> Pipeline:
@@ -238,6 +300,7 @@ def world_server(args, **world: object) -> Iterator[str]:
             "dtype": args.dtype,
             "torch_threads": args.threads,
             "attention": args.attention,
+            **_files(args),
             **({} if args.pacing_margin_s is None else {"pacing_margin_s": args.pacing_margin_s}),
             **world,
         },
@@ -589,7 +652,26 @@ def main(argv: list[str]) -> int:
         "--encode-threads", type=int, help="section 6: the served world.encode_threads (default: its default)"
     )
     p.add_argument("--peak-tflops", type=float, default=989.0, help="section 6: dense bf16 peak (H200: 989)")
+    for flag, what in (
+        ("--checkpoint", "the DiT checkpoint (--model self-forcing | causvid)"),
+        ("--vae", "Wan 2.1's Wan2.1_VAE.pth"),
+        ("--text-encoder", "Wan's umT5 encoder (.pth, Wan's folder or an HF folder)"),
+        ("--prompt-embeddings", "precomputed prompt embeddings (holding the bench's prompt, 'stone')"),
+    ):
+        p.add_argument(flag, default="", help=f"world.{flag[2:].replace('-', '_')}: {what}, every section")
+    p.add_argument(
+        "--write-random-checkpoint",
+        type=Path,
+        metavar="DIR",
+        help="write random real-size --model files (DiT checkpoint, VAE, prompt embeddings) into DIR and exit",
+    )
     args = p.parse_args(argv)
+    if args.write_random_checkpoint:
+        from realtime.bench.world_checkpoint import write_random_checkpoint
+
+        paths = write_random_checkpoint(args.write_random_checkpoint, args.model)
+        print(" ".join(f"--{k.replace('_', '-')} {v}" for k, v in paths.items()))
+        return 0
     if args.key_to_frame_only:
         return _print_key_to_frame(args, {})
     if args.e2e:
@@ -615,6 +697,17 @@ def main(argv: list[str]) -> int:
         )
         print(f"recompute-the-window baseline at block 100: {lat['recompute_ms_100']:.2f} ms "
               f"(x{lat['recompute_ms_100'] / lat['resident_ms_100']:.2f} of resident)")  # fmt: skip
+        work = {}
+        if args.device == "cpu":  # thread CPU time is the device's work only on a CPU
+            work = {
+                "tick_cpu_ratio_100_vs_5": round(lat["resident_cpu_ms_100"] / lat["resident_cpu_ms_5"], 3),
+                "recompute_cpu_ratio_100": round(lat["recompute_cpu_ms_100"] / lat["resident_cpu_ms_100"], 3),
+                "batched_vs_sliced_cpu_4": round(batched_cpu_gain(args), 3),
+            }
+            print(f"CPU time (this thread, min over {args.reps}): tick at block 100 / block 5 "
+                  f"x{work['tick_cpu_ratio_100_vs_5']:.2f}, recompute / resident "
+                  f"x{work['recompute_cpu_ratio_100']:.2f}, 4 ticks one by one / one batch of 4 "
+                  f"x{work['batched_vs_sliced_cpu_4']:.2f}")  # fmt: skip
         print(
             f"{'sessions':>8} {'batched fps':>12} {'sliced fps':>11} {'ratio':>6}   model stages (DiT + decode)"
         )
@@ -640,6 +733,7 @@ def main(argv: list[str]) -> int:
         "batched_vs_sliced_4_encoded": round(encoded[4], 3),
         "pipeline_overlap_ratio": round(overlapped / serial, 3),
         "continuous_play_ratio": round(play, 3),
+        **work,
     })  # fmt: skip
 
 

@@ -8,7 +8,10 @@ Contract, in call order:
    only after ``load`` finished, which the app guarantees by refusing websockets with close code
    1013 ("try again later") while not ready.
 3. ``load(progress)`` runs on a worker thread at startup: load and warm models, report each step
-   through ``progress(step_name, done, total)``.
+   through ``progress(step_name, done, total)``. Raising :class:`models.voice.weights.WeightsMissing`
+   (the package carrying a weight file is not installed) makes the kind *unavailable*: it is never
+   started, its routes close websockets with 1008 naming the fix, the other kinds serve
+   (``realtime/app.py``). Load what may be missing first, so nothing else is held for nothing.
 4. ``start()`` runs on the event loop after ``load``: start engines, reapers.
 5. ``stop()`` on shutdown, after every websocket was closed with 1001: release everything.
 

@@ -1,10 +1,12 @@
-"""One duplex session's state, which outlives its sockets: the input frames, the protocol state
-machines (``Turns``, ``Journal``), the epoch, and the socket it is attached to, if any.
+"""One duplex session's state, which outlives its sockets (``Session.kind_state``): the input
+frames, the protocol state machines (``Turns``, ``Journal``), and what is queued for the socket it
+is attached to, if any. Its epoch is the session's (``Session.epoch``); the manager holds it
+(the one registry) and its grace while detached (``SessionManager.detach``).
 
 Ownership (architecture invariant 2). The session's one owner is the runner of the connection it
-is attached to: every method that changes the session (client commands, ``apply_outputs``,
-``emit``, attach, detach) is called from that runner, one mailbox item at a time, and none of
-them awaits. The frame clock never changes the session; it meets it through two hand-off
+is attached to (``Session.owner``): every method that changes the session (client commands,
+``apply_outputs``, ``emit``, ``attach``, ``interrupt``) is called from that runner, one mailbox
+item at a time, and none of them awaits. The frame clock never changes the session; it meets it through two hand-off
 channels, each with one writer and one reader:
 
 - input: the owner pushes the client's frames into :class:`InputFrames`; the clock's silence
@@ -34,12 +36,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from models.duplex.stage import FRAME_SAMPLES, DuplexInput, DuplexOutput
 from realtime.connection import Connection
+from realtime.protocols.duplex import events as de
+from realtime.protocols.duplex.audio import pcm16_bytes
 from realtime.protocols.duplex.codec import DuplexCodec
 from realtime.protocols.duplex.journal import Journal
 from realtime.protocols.duplex.opus import OggOpusEncoder
@@ -132,7 +135,8 @@ class Pending:
 
 @dataclass(eq=False)
 class Attachment:
-    """One socket of the session: what is queued for it, and whether a :class:`Flush` is posted."""
+    """One socket of the session: what is queued for it, and whether a :class:`Flush` is posted.
+    It counts only while its connection owns the session (:attr:`DuplexSession.attachment`)."""
 
     conn: Connection
     opus: bool
@@ -144,6 +148,14 @@ class Attachment:
 @dataclass(frozen=True)
 class Flush:
     """Runner item: apply the clock's outputs, then write what the session queued for this socket."""
+
+
+@dataclass(frozen=True)
+class End:
+    """Runner item: write what is queued, then end the connection (a step's fatal error)."""
+
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -178,14 +190,19 @@ class DuplexSession:
         self.inbox = StepInbox(max_unapplied_steps)
         self.resume_token = new_token()
         self.step = 0  # the model's last step index
-        self.attachment: Attachment | None = None
-        self.detached_at: float | None = None
-        self.grace_timer: Any = None  # asyncio.TimerHandle while detached
+        self._attachment: Attachment | None = None
         self._silence = silence
         self._media = media
         self._opus_bitrate = opus_bitrate
         self._on_failed = on_failed
         self._on_frame = on_frame
+
+    @property
+    def attachment(self) -> Attachment | None:
+        """The socket the session is attached to: its owner's (None while detached, or once a
+        resume moved it to another connection that has not attached yet)."""
+        att = self._attachment
+        return att if att is not None and att.conn is self.session.owner else None
 
     @property
     def epoch(self) -> int:
@@ -217,8 +234,8 @@ class DuplexSession:
 
     # -- the owner's side -----------------------------------------------------------------
     def owned_by(self, conn: Connection) -> bool:
-        """Whether ``conn``'s runner owns the session (it is attached to ``conn``)."""
-        return self.attachment is not None and self.attachment.conn is conn
+        """Whether ``conn``'s runner owns the session."""
+        return self.session.owner is conn
 
     def apply_outputs(self) -> None:
         """Apply every output the clock handed over, in step order (the owner's call)."""
@@ -232,7 +249,7 @@ class DuplexSession:
         self.step = out.step
         speaks = out.speaking and not self.turns.muted
         opus = self.attachment is not None and self.attachment.opus
-        audio = b"" if not speaks or opus else _pcm16(out.pcm)
+        audio = b"" if not speaks or opus else pcm16_bytes(out.pcm)
         events = self.turns.step(ModelStep(out.step, out.speaking, out.text, audio))
         self.emit(events, pcm=out.pcm if speaks else None)
 
@@ -297,7 +314,7 @@ class DuplexSession:
         att.pending.clear()
         return items
 
-    # -- epochs and attachment ------------------------------------------------------------
+    # -- interrupt and attachment ----------------------------------------------------------
     def interrupt(self) -> None:
         """A barge-in or cancel, in one call: the session's epoch moves on (``Session.interrupt``
         fences the frame clock's engine and the socket's writer), and deltas of the old epoch are
@@ -310,13 +327,32 @@ class DuplexSession:
             att.pending = deque(p for p in att.pending if p.epoch is None or p.epoch >= epoch)
             att.encoder = None  # the interrupted response's Ogg stream ends unfinished
 
-    def attach(self, conn: Connection, *, opus: bool) -> Attachment:
-        self.attachment = Attachment(conn, opus)
-        self.detached_at = None
-        return self.attachment
+    def resume(self, conn: Connection, cursor: int, *, opus: bool) -> None:
+        """``conn`` took the session over (it adopted it): the journal after ``cursor`` again,
+        once; a resync if some of it is gone; the steps taken while no socket was attached (never
+        sent: applied now, live, in this socket's audio format); then ``session.resumed`` with a
+        new token."""
+        entries, gap = self.journal.after(cursor)
+        att = self.attach(conn, opus=opus)
+        att.pending.extend(Pending(e.frame, None, None) for e in entries)
+        self.resume_token = new_token()
+        if gap:
+            self.emit([de.ResyncRequired(self.session_id, "journal_gap", self.journal.first_available())])
+        before = self.journal.last_seq
+        self.apply_outputs()
+        replayed = len(entries) + self.journal.last_seq - before
+        self.emit([de.SessionResumed(self.session_id, self.resume_token, replayed)])
 
-    def detach(self) -> None:
-        self.attachment = None
+    def replaced_frame(self) -> str | None:
+        """``session.replaced`` for the socket a resume took the session from (not journaled)."""
+        return self.codec.frame(
+            de.SessionReplaced(self.session_id), epoch=self.epoch, seq=self.journal.last_seq
+        )
+
+    def attach(self, conn: Connection, *, opus: bool) -> Attachment:
+        """Queue for ``conn`` from now on (it adopted the session: ``Connection.adopt``)."""
+        self._attachment = Attachment(conn, opus)
+        return self._attachment
 
 
 class LazyEncoder:
@@ -334,7 +370,3 @@ class LazyEncoder:
 
     def close(self) -> bytes:
         return self._encoder.close() if self._encoder is not None else b""
-
-
-def _pcm16(pcm: np.ndarray) -> bytes:
-    return (np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()

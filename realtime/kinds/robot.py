@@ -37,6 +37,7 @@ from starlette.websockets import WebSocket
 
 from models.policy.interface import ObservationError, Policy
 from models.policy.pi0_policy import RANDOM_CONFIGS, Pi0Policy
+from models.policy.presets import check_prompt
 from models.policy.stage import PolicyChunk, PolicyInput, PolicyStage, policy_input
 from models.policy.trivial import ZerosPolicy
 from realtime import __version__
@@ -55,9 +56,9 @@ from sessions.executor import StageExecutor
 log = logging.getLogger("realtime.robot")
 
 PATHS = ("/", "/v1/realtime/robot/openpi")
-# Frames above this are decoded on a thread; smaller ones on the loop, where decoding (~85 us per
-# MiB on the dev CPU) costs less than a thread hand-off (60-100 us) and holds the loop <= ~0.1 ms.
-OFFLOAD_DECODE_BYTES = 1 << 20
+# Frames over 1 MiB or 1024 msgpack objects are decoded on a thread (openpi.decodes_inline); smaller
+# ones on the loop, where decoding (~85 us per MiB on the dev CPU) costs less than a thread
+# hand-off (60-100 us) and holds the loop <= ~0.1 ms.
 # Observation frames are 0.3-2 MiB and each request allocates and frees several buffers of that
 # size (the websocket frame, its unmasked copy, msgpack's bin payloads). glibc's defaults hand
 # them back to the OS at once (mmap above its threshold, heap trimming above 2x it), so every
@@ -224,6 +225,7 @@ class _RobotHandler:
             max_message_bytes=cfg.max_message_bytes,
             error_mode=cfg.error_mode,
             max_prompt_chars=cfg.max_prompt_chars,
+            check_prompt=check_prompt,
         )
         self.episode: str | None = None
         self.prev_total_ms: float | None = None
@@ -241,7 +243,7 @@ class _RobotHandler:
     async def decode(self, frame: bytes | str) -> Any:
         self.received_at = time.perf_counter()
         max_bytes = self.service.config.max_message_bytes
-        if len(frame) > OFFLOAD_DECODE_BYTES:
+        if not openpi.decodes_inline(frame):  # big, or many objects: a worker thread decodes it
             return await asyncio.to_thread(openpi.decode, frame, max_bytes)
         return openpi.decode(frame, max_bytes)
 

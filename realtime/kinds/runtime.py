@@ -101,8 +101,10 @@ def build_session_manager(
     plan: CapacityPlan,
     executor: TickExecutor,
     lifecycle: LifecycleBackend,
+    resume_grace_s: float = 0.0,
 ) -> SessionManager:
-    """A manager for ``kind`` admitting ``plan.capacity`` sessions, limits from the config."""
+    """A manager for ``kind`` admitting ``plan.capacity`` sessions, limits from the config;
+    ``resume_grace_s`` > 0 keeps a dropped socket's session detached that long (duplex resume)."""
     runtime = ctx.config.runtime
     return SessionManager(
         kind,
@@ -113,4 +115,5 @@ def build_session_manager(
         expiry=expiry_policy(runtime, kind_config),
         limits=session_limits(runtime),
         registry=ctx.registry,
+        resume_grace_s=resume_grace_s,
     )

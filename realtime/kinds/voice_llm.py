@@ -1,18 +1,26 @@
-"""The voice kind's LLM backend, chosen by ``voice.llm_backend``: ``transformers`` or ``vllm``.
+"""The voice kind's LLM side: the backend, chosen by ``voice.llm_backend`` (``transformers`` or
+``vllm``), and the conversation as its prompt.
 
 :func:`load_chat` builds the backend at load time (a worker thread; seconds to tens of seconds),
 :func:`llm_stage` wraps it in its :class:`~models.voice.stages.LlmStage` at start. Both backends
 serve the same default model (SmolLM2-135M-Instruct, converted once from the wheel's GGUF);
-``voice.vllm_model_dir`` points vLLM at any other chat model directory.
+``voice.vllm_model_dir`` points vLLM at any other chat model directory. :func:`chat_prompt` turns
+the conversation's items into the LLM's messages.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from models.voice.llm import ChatMessage
 from models.voice.pacing import PacingPolicy
+from models.voice.tool_calls import format_tool_call
 from realtime.config import VoiceConfig
+from realtime.protocols.oai_realtime.conversation import Conversation, item_text
+from realtime.protocols.oai_realtime.items import FunctionCall, FunctionCallOutput, Item, Message
+from realtime.protocols.oai_realtime.responses import ItemReference
 
 
 def vllm_settings(c: VoiceConfig) -> Any:
@@ -71,3 +79,29 @@ def llm_stage(c: VoiceConfig, chat: Any) -> Any:
         first_clause_words=c.first_clause_words,
         pacing=PacingPolicy(c.llm_max_lead_s, c.llm_urgent_lead_s),
     )
+
+
+def chat_prompt(
+    conversation: Conversation, instructions: str, selection: Sequence[Item | ItemReference] | None
+) -> tuple[ChatMessage, ...]:
+    """The LLM's messages: ``instructions`` as the system message, then the items as text (the
+    whole conversation, or ``selection``: a response's ``input``; a reference to an item deleted
+    meanwhile is skipped). A function call enters as the assistant's call markup
+    (``format_tool_call``), its output as a ``tool`` turn."""
+    if selection is None:
+        items = conversation.items()
+    else:
+        items = [
+            entry.item if isinstance(i, ItemReference) else i
+            for i in selection
+            if not isinstance(i, ItemReference) or (entry := conversation.get(i.id)) is not None
+        ]
+    messages = [ChatMessage("system", instructions)]
+    for item in items:
+        if isinstance(item, FunctionCall):
+            messages.append(ChatMessage("assistant", format_tool_call(item.name, item.arguments)))
+        elif isinstance(item, FunctionCallOutput):
+            messages.append(ChatMessage("tool", item.output))
+        elif isinstance(item, Message) and (text := item_text(item)):
+            messages.append(ChatMessage(item.role, text))  # type: ignore[arg-type]
+    return tuple(messages)

@@ -40,13 +40,19 @@ from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
-from models.world.controls import CONTROL_SCHEMAS
+from models.world.controls import CONTROL_SCHEMAS, validate_control
 from models.world.kv_cache import KVGeometry
-from models.world.memory import fixed_bytes
+from models.world.memory import decoder_state_bytes, fixed_bytes
 from models.world.model import WorldModel, WorldTick
 from models.world.profiling import OFF, DeviceProfiler
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
-from models.world.vae import decoder_state_bytes
+from models.world.text_encoder import (
+    PrecomputedEmbeddings,
+    PromptEmbedder,
+    UMT5TextEncoder,
+    UnknownPromptError,
+)
+from realtime.config import WorldConfig
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
@@ -87,6 +93,21 @@ def resolve_model(name: str, weights: str | None) -> tuple[WorldModelConfig, Pat
     return (read_config(trained), trained) if trained.is_file() else (CONFIGS[name], None)
 
 
+def prompt_context(wc: WorldConfig, cfg: WorldModelConfig, dtype: torch.dtype) -> PromptEmbedder:
+    """A checkpoint model's prompt embeddings (``models.world.text_encoder``): Wan's umT5 encoder
+    on ``world.device``, or the embeddings file of ``world.prompt_embeddings``; encoded once per
+    prompt while it stays in use (the embedder's LRU)."""
+    if wc.text_encoder:
+        source = UMT5TextEncoder.load(
+            Path(wc.text_encoder), device=wc.device, dtype=dtype, text_len=cfg.text_len
+        )
+    else:
+        source = PrecomputedEmbeddings.load(
+            Path(wc.prompt_embeddings), dim=cfg.text_dim, device=wc.device, dtype=dtype, text_len=cfg.text_len
+        )
+    return PromptEmbedder(source, cfg.text_len)
+
+
 class WorldService(KindServiceBase):
     """The ``world`` session kind (``realtime.kinds.base.SessionKindService``)."""
 
@@ -114,6 +135,18 @@ class WorldService(KindServiceBase):
     def engine(self) -> StageEngine | None:
         """The DiT block engine (the pipeline's first stage, which holds the resident KV)."""
         return self.pipeline.runners[0] if self.pipeline is not None else None  # type: ignore[return-value]
+
+    def unknown_prompt(self, prompt: str | None) -> str | None:
+        """Why ``prompt`` cannot be served, or ``None``: with ``world.prompt_embeddings`` only the
+        file's prompts can (its lookup reads one small tensor; any prompt goes with a text encoder
+        or a model of its own word table)."""
+        if not self.config.prompt_embeddings or self.model is None:
+            return None
+        try:
+            self.model.prompts([prompt])
+        except UnknownPromptError as exc:
+            return str(exc)
+        return None
 
     def routes(self) -> list[BaseRoute]:
         return [WebSocketRoute(PATH, self._endpoint)]
@@ -151,6 +184,8 @@ class WorldService(KindServiceBase):
             torch.set_num_threads(wc.torch_threads)
         progress("plan capacity", 0, 3)
         cfg, weights = resolve_model(wc.model, wc.weights)
+        # a checkpoint model's umT5 source first: what it holds on the device is not free for the plan
+        prompts = prompt_context(wc, cfg, _DTYPES[wc.dtype]) if wc.checkpoint else None
         self.plan = capacity_plan(
             self.ctx.config.runtime,
             world_declaration(cfg, _DTYPES[wc.dtype], wc.max_batch, wc.graphs),
@@ -165,6 +200,9 @@ class WorldService(KindServiceBase):
             dtype=_DTYPES[wc.dtype],
             attention=wc.attention,
             profiler=DeviceProfiler(wc.device.startswith("cuda")) if wc.stage_timing else OFF,
+            checkpoint=Path(wc.checkpoint) if wc.checkpoint else None,
+            vae=Path(wc.vae) if wc.vae else None,
+            prompts=prompts,
         )
         if wc.compiles:
             self.model.dit.compile_blocks()
@@ -349,6 +387,7 @@ class _WorldHandler:
             ),
             default_fps=wc.fps,
             default_pacing=wc.default_pacing,
+            validate_control=validate_control,
         )
         self.start: proto.Start | None = None
         self.payload: WorldTickPayload | None = None
@@ -410,6 +449,11 @@ class _WorldHandler:
         self.queue_sends.append(asyncio.create_task(conn.send(proto.render_queued(position))))
 
     async def _start(self, conn: Connection, cmd: proto.Start) -> None:
+        unknown = self.service.unknown_prompt(cmd.prompt)
+        if unknown:
+            await conn.send(self._error(proto.ErrorCode.INVALID_MESSAGE, unknown))
+            conn.end("protocol", unknown)  # the codec counts the start as made: no second one on this socket
+            return
         try:
             session = await conn.create_session(on_queue_position=functools.partial(self._queued, conn))
         except SessionError as exc:
@@ -434,6 +478,9 @@ class _WorldHandler:
     def _event(self, conn: Connection, cmd: proto.Event) -> str:
         """Accept or refuse one event at once; the ack or typed error to send."""
         event = cmd.event
+        unknown = self.service.unknown_prompt(event.prompt) if event.prompt is not None else None
+        if unknown:
+            return self._error(proto.ErrorCode.INVALID_MESSAGE, unknown, event.event_id)
         try:
             status = conn.session.accept_event(event)  # type: ignore[union-attr]
         except SessionError as exc:

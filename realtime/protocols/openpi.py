@@ -16,14 +16,25 @@ reference ``openpi-and-robot-policy-servers.md`` §2.5):
   ``{nd: False, type, data}`` (scalars), keys as bin or str; ``kind`` ``O``/``V`` is refused
   (the original msgpack-numpy would unpickle ``O``: there is no pickle here, ever).
 
+Before msgpack builds anything, :func:`scan` walks the frame's headers (skipping str, bin and
+ext payloads in O(1)) and refuses more than :data:`MAX_OBJECTS` objects or nesting deeper than
+:data:`MAX_DEPTH` (``invalid_payload``); msgpack itself is given the same per-container bounds.
+So a 5,000-deep or 100,000-key frame costs a header walk, not an object graph on the event loop.
+:func:`decodes_inline` tells a caller whether a frame is cheap enough to decode where it is (at
+most :data:`INLINE_OBJECTS` objects and :data:`INLINE_BYTES` bytes); other frames belong on a
+worker thread.
+
 Decoded arrays are zero-copy read-only views over the received bin payloads
 (``np.frombuffer``), exactly like openpi's; consumers must copy before any in-place change. A
 marker whose byte count does not equal ``prod(shape) * itemsize`` is refused (openpi silently
 accepts trailing bytes).
 
-An observation's ``prompt`` (str, bytes, or a 0-d ``U``/``S`` array) is bounded here, before any
-tokeniser sees it: at most ``max_prompt_chars`` characters (``robot.max_prompt_chars``) and valid
-Unicode, else ``invalid_observation``; ``session_id`` at most :data:`MAX_SESSION_ID_CHARS`.
+An observation's ``prompt`` (str, bytes, or a 0-d ``U``/``S`` array) is checked here, before any
+tokeniser sees it, by the ``check_prompt(prompt, max_chars)`` the kind passes in (the policy's
+own rule: at most ``max_prompt_chars`` characters, ``robot.max_prompt_chars``, valid Unicode); a
+``ValueError`` from it is ``invalid_observation``. The codec imports no model code: without a
+``check_prompt`` prompts are passed on as they are. ``session_id`` at most
+:data:`MAX_SESSION_ID_CHARS`.
 
 Session sequence (reference §2.2): the server sends the msgpack metadata frame **first**, before
 reading anything; then strictly one response per request, in request order. Requests are an
@@ -49,15 +60,13 @@ from __future__ import annotations
 import enum
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Literal
 
 import msgpack
 import numpy as np
-
-from models.policy.interface import ObservationError
-from models.policy.presets import all_str, check_prompt
 
 PROTOCOL = "openpi"
 PROTOCOL_VERSION = "0.1"
@@ -68,7 +77,14 @@ INTERNAL_ERROR = 1011
 RESET_OK = {"status": "reset successful"}
 REPLY_BUFFER_BYTES = 16 * 1024  # a connection's packer starts this big and grows to its largest reply
 
+MAX_OBJECTS = 1 << 16  # msgpack objects (scalars, strings, containers) in one frame
+MAX_DEPTH = 32  # nesting of maps and arrays (an observation with images nests 3 deep)
+INLINE_OBJECTS = 1024  # a frame this small in objects and ...
+INLINE_BYTES = 1 << 20  # ... bytes decodes in well under a millisecond: no worker thread needed
+
 ErrorMode = Literal["text", "recoverable", "openpi"]
+#: ``check_prompt(prompt, max_chars)``: raises ``ValueError`` naming why a text prompt is refused
+PromptCheck = Callable[[Any, int], object]
 _REFUSED_KINDS = frozenset("VOc")
 _MAX_NDIM = 32
 
@@ -236,19 +252,107 @@ def _legacy_numpy(obj: dict) -> Any:
     return np.frombuffer(data, dtype=dtype)[0]
 
 
+def _header_table() -> tuple[tuple[int, int, int, int], ...]:
+    """msgpack header byte -> (fixed bytes to skip, width of a length field, bytes skipped per
+    unit of that length (payloads) or 0, items per unit of it (containers) or fixed item count)."""
+    table = []
+    for head in range(256):
+        if head <= 0x7F or head >= 0xE0 or head in (0xC0, 0xC2, 0xC3):
+            entry = (0, 0, 0, 0)  # fixint, nil, bool
+        elif head <= 0x8F:
+            entry = (0, 0, 0, 2 * (head & 0x0F))  # fixmap
+        elif head <= 0x9F:
+            entry = (0, 0, 0, head & 0x0F)  # fixarray
+        elif head <= 0xBF:
+            entry = (head & 0x1F, 0, 0, 0)  # fixstr
+        elif head in (0xC4, 0xC5, 0xC6, 0xD9, 0xDA, 0xDB):  # bin, str 8/16/32
+            entry = (0, {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}[head], 1, 0)
+        elif head in (0xC7, 0xC8, 0xC9):  # ext 8/16/32: length, type byte, data
+            entry = (1, {0xC7: 1, 0xC8: 2, 0xC9: 4}[head], 1, 0)
+        elif 0xCA <= head <= 0xD8:  # float, uint, int, fixext (type byte + data)
+            fixed = (4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 2, 3, 5, 9, 17)
+            entry = (fixed[head - 0xCA], 0, 0, 0)
+        elif head in (0xDC, 0xDD):  # array 16/32
+            entry = (0, 2 if head == 0xDC else 4, 0, -1)
+        elif head in (0xDE, 0xDF):  # map 16/32
+            entry = (0, 2 if head == 0xDE else 4, 0, -2)
+        else:
+            entry = (-1, 0, 0, 0)  # 0xC1: never used
+        table.append(entry)
+    return tuple(table)
+
+
+_HEADERS = _header_table()
+
+
+def scan(data: bytes, max_objects: int = MAX_OBJECTS, max_depth: int = MAX_DEPTH) -> int | None:
+    """Walk the msgpack headers of ``data``: the number of objects, or ``None`` once there are
+    more than ``max_objects``. Raises :class:`CodecError` for nesting deeper than ``max_depth``.
+    Builds nothing; malformed or truncated input is left for msgpack to refuse (the walk stops)."""
+    end, pos, objects, headers = len(data), 0, 0, _HEADERS
+    open_items = [1]  # items still to read in each open container (the frame is one item)
+    while open_items:
+        if open_items[-1] == 0:
+            open_items.pop()
+            continue
+        open_items[-1] -= 1
+        if pos >= end or objects >= max_objects:
+            return objects if pos >= end else None  # truncated: msgpack says so
+        skip, width, unit, items = headers[data[pos]]
+        pos += 1
+        objects += 1
+        if skip < 0:
+            return objects  # 0xC1: msgpack refuses it
+        if width:
+            length = int.from_bytes(data[pos : pos + width], "big")
+            pos += width
+            if unit:
+                skip += length
+            else:
+                items = -items * length
+        pos += skip
+        if items:
+            if len(open_items) > max_depth:
+                raise CodecError(ErrorCode.INVALID_PAYLOAD, f"msgpack nested deeper than {max_depth} levels")
+            open_items.append(items)
+    return objects
+
+
+def decodes_inline(frame: bytes | str) -> bool:
+    """Whether ``frame`` is small enough (bytes and objects) to decode on the event loop."""
+    if isinstance(frame, str) or len(frame) > INLINE_BYTES:
+        return isinstance(frame, str)
+    try:
+        return scan(frame, INLINE_OBJECTS) is not None
+    except CodecError:
+        return True  # refused at once by decode's own scan
+
+
 def unpackb(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Any:
     """Deserialize an openpi (or legacy vllm-omni) msgpack-numpy message, refusing bad input.
 
-    Raises :class:`CodecError` (never anything else) for oversize, malformed msgpack, trailing
-    bytes, bad markers and refused dtypes.
+    Raises :class:`CodecError` (never anything else) for oversize, too many objects or too deep
+    (:func:`scan`, before anything is built), malformed msgpack, trailing bytes, bad markers and
+    refused dtypes.
     """
     if len(data) > max_bytes:
         raise CodecError(
             ErrorCode.MESSAGE_TOO_LARGE,
             f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes",
         )
+    if scan(data) is None:
+        raise CodecError(ErrorCode.INVALID_PAYLOAD, f"more than {MAX_OBJECTS} msgpack objects")
     try:
-        return msgpack.unpackb(data, object_hook=_object_hook, raw=False)
+        return msgpack.unpackb(
+            data,
+            object_hook=_object_hook,
+            raw=False,
+            max_array_len=MAX_OBJECTS,
+            max_map_len=MAX_OBJECTS,
+            max_str_len=max_bytes,
+            max_bin_len=max_bytes,
+            max_ext_len=max_bytes,
+        )
     except CodecError:
         raise
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
@@ -354,6 +458,7 @@ class ServerConnection:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     error_mode: ErrorMode = "text"
     max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS
+    check_prompt: PromptCheck | None = None  # the policy's prompt rule (module docstring)
     state: State = State.HANDSHAKE
     _next_seq: int = 0
     _owed: deque[int] = field(default_factory=deque)
@@ -389,7 +494,7 @@ class ServerConnection:
         self._owed.append(seq)
         if isinstance(decoded, CodecError):
             return Rejected(seq, decoded.code, decoded.message)
-        return _command(seq, decoded, self.max_prompt_chars)
+        return _command(seq, decoded, self.max_prompt_chars, self.check_prompt)
 
     def reply(self, event: Reply) -> Outbound:
         if self.state is not State.OPEN:
@@ -427,30 +532,34 @@ def _reason(message: str) -> str:
     return message.encode()[:123].decode("utf-8", "ignore")
 
 
-def _prompt_problem(prompt: Any, max_chars: int) -> str | None:
+def _prompt_problem(prompt: Any, max_chars: int, check: PromptCheck | None) -> str | None:
     """Why an observation's text ``prompt`` is refused (too long, not encodable), else ``None``:
-    the policy's own rule (``models.policy.presets.check_prompt``), applied before any session work.
+    the policy's own rule (``check``), applied before any session work.
 
     Other shapes (not text at all) are left to the policy's ``prepare``, which names the rule.
     """
     text = isinstance(prompt, str | bytes) or (
         isinstance(prompt, np.ndarray) and prompt.ndim == 0 and prompt.dtype.kind in "US"
     )
-    if not text:
+    if not text or check is None:
         return None
     try:
-        check_prompt(prompt, max_chars)
-    except ObservationError as exc:
+        check(prompt, max_chars)
+    except ValueError as exc:
         return str(exc)
     return None
 
 
-def _command(seq: int, message: Any, max_prompt_chars: int) -> Command:
+def _all_str(keys: Any) -> bool:
+    return all(map(isinstance, keys, repeat(str)))
+
+
+def _command(seq: int, message: Any, max_prompt_chars: int, check_prompt: PromptCheck | None) -> Command:
     if not isinstance(message, dict):
         return Rejected(
             seq, ErrorCode.INVALID_PAYLOAD, f"expected a msgpack map, got {type(message).__name__}"
         )
-    if not all_str(message):
+    if not _all_str(message):
         return Rejected(seq, ErrorCode.INVALID_PAYLOAD, "observation keys must be strings")
     if "endpoint" in message:
         endpoint = message["endpoint"]
@@ -458,7 +567,7 @@ def _command(seq: int, message: Any, max_prompt_chars: int) -> Command:
             return Reset(seq)
         if endpoint != "infer":
             return Rejected(seq, ErrorCode.UNKNOWN_ENDPOINT, f"unknown endpoint {str(endpoint)[:40]!r}")
-    problem = _prompt_problem(message.get("prompt"), max_prompt_chars)
+    problem = _prompt_problem(message.get("prompt"), max_prompt_chars, check_prompt)
     if problem is not None:
         return Rejected(seq, ErrorCode.INVALID_OBSERVATION, problem)
     session_id = message.get("session_id")

@@ -6,15 +6,31 @@ that overflow a double (``1e999``), integers beyond 64 bits (checked by digit co
 the interpreter's recursion limit (``RecursionError``) is refused too. It raises
 :class:`StrictJSONError` (a ``ValueError``) and nothing else, so every value it returns can be
 rendered back (``dumps`` uses ``allow_nan=False``).
+
+The number of values and the nesting are bounded before any object is built
+(:func:`check_shape`): at most :data:`MAX_VALUES` values and :data:`MAX_DEPTH` levels. Every value
+past the first is preceded by a ``,`` or opens a container that is the first item of its parent,
+and such a chain is at most ``MAX_DEPTH`` deep, so one C pass counting ``,`` bounds the values
+from above (commas inside strings count too: a document with more than ``MAX_VALUES`` commas
+anywhere is refused, which no protocol message of this server needs). The depth is walked only
+when the document holds more than ``MAX_DEPTH`` brackets at all (two more C counts), over its
+brackets and strings alone. So a megabyte of ``[0,0,...]`` or 5,000 nested brackets is refused
+for the cost of a few passes, never parsed on the event loop (nor deep enough for the parser to
+reach the recursion limit).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 MAX_INT = 2**63 - 1
+MAX_VALUES = 16384  # values (scalars and containers) in one document
+MAX_DEPTH = 64  # nesting levels of arrays and objects
+# a string (unrolled: one C loop per run of plain characters) or a bracket
+_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
 class StrictJSONError(ValueError):
@@ -61,8 +77,27 @@ _DECODER = json.JSONDecoder(
 )
 
 
+def check_shape(text: str, max_values: int = MAX_VALUES, max_depth: int = MAX_DEPTH) -> None:
+    """Raise :class:`StrictJSONError` if ``text`` may hold more than ``max_values`` values or nests
+    deeper than ``max_depth`` (see the module docstring); builds nothing."""
+    if text.count(",") >= max_values:
+        raise StrictJSONError(f"more than {max_values} JSON values (or commas)")
+    if text.count("[") + text.count("{") <= max_depth:
+        return
+    depth = 0
+    for token in _BRACKETS.finditer(text):
+        bracket = token.group()
+        if bracket in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise StrictJSONError(f"JSON nested deeper than {max_depth} levels")
+        elif bracket in "]}":
+            depth -= 1
+
+
 def loads_strict(text: str) -> Any:
     """Parse one JSON document strictly (see the module docstring)."""
+    check_shape(text)
     try:
         return _DECODER.decode(text)
     except StrictJSONError:

@@ -10,8 +10,8 @@ run``): ``N`` replicas of :class:`~realtime.scale.replica.RealtimeReplica`, each
 Serve's HTTP proxy on ``server.host``/``server.port`` (the single server's address, so every
 client works unchanged), the app under the route prefix ``/``; it logs ``ready`` with the URL
 once every replica loaded its models, and on SIGTERM/SIGINT drains every replica (its websockets
-closed with 1001 like the single server's), deletes the app and disconnects from Ray (a local
-instance ends with it). Exit status: 0 after
+closed with 1001 like the single server's), deletes the app and its checkpoint store and
+disconnects from Ray (a local instance ends with it). Exit status: 0 after
 a signal, 1 when a replica's model load failed or the app did not deploy, 2 for a config the
 replicas cannot run.
 """
@@ -37,6 +37,7 @@ from ray import serve
 from ray.serve.config import HTTPOptions, RequestRouterConfig
 
 from realtime.config import ConfigError, DeployConfig
+from realtime.scale.checkpoints import remove_store
 from realtime.scale.replica import DEPLOYMENT, Peers, RealtimeReplica
 from realtime.scale.router import SessionRouter
 
@@ -90,27 +91,24 @@ def _free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def _status(url: str) -> dict[str, Any] | None:
+def _status(url: str, api_key: str | None) -> dict[str, Any] | None:
+    request = urllib.request.Request(f"{url}/v1/status")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(f"{url}/v1/status", timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
-    except (OSError, urllib.error.URLError, ValueError):
+    except (OSError, urllib.error.URLError, ValueError):  # the proxy not up yet, a slow answer
         return None
 
 
-def wait_ready(url: str, num_replicas: int, stop: threading.Event) -> str | None:
+def wait_ready(url: str, num_replicas: int, stop: threading.Event, api_key: str | None = None) -> str | None:
     """Block until ``num_replicas`` replicas are ready (``None``), a replica's load failed (its
-    error), or ``stop`` is set (``"stopped"``). API keys: the status call needs none only when
-    ``server.api_keys`` is empty, so with keys this waits on ``/readyz`` alone."""
+    error), or ``stop`` is set (``"stopped"``), polling the cluster's ``/v1/status`` (with
+    ``api_key`` when ``server.api_keys`` has keys)."""
     while not stop.wait(POLL_S):
-        status = _status(url)
-        if status is None:  # keys configured, or the proxy not up yet: readiness alone
-            try:
-                with urllib.request.urlopen(f"{url}/readyz", timeout=10) as response:
-                    if response.status == 200:
-                        return None
-            except (OSError, urllib.error.URLError):
-                pass
+        status = _status(url, api_key)
+        if status is None:
             continue
         replicas = status.get("replicas", [])
         failed = [r["load_error"] for r in replicas if r.get("load_error")]
@@ -119,6 +117,40 @@ def wait_ready(url: str, num_replicas: int, stop: threading.Event) -> str | None
         if sum(1 for r in replicas if r.get("ready")) >= num_replicas:
             return None
     return "stopped"
+
+
+def start_ray(config: DeployConfig, num_replicas: int, ray_address: str | None) -> None:
+    """A local Ray instance sized for ``num_replicas`` replicas (the proxy callback in its
+    environment), or the cluster at ``ray_address``."""
+    if ray_address is not None:
+        ray.init(address=ray_address, logging_level=logging.WARNING)
+        return
+    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)  # the local proxy inherits it
+    ray.init(
+        address="local",
+        num_cpus=max(os.cpu_count() or 1, math.ceil(num_replicas * config.replicas.num_cpus)),
+        include_dashboard=False,
+        object_store_memory=config.replicas.object_store_bytes,
+        logging_level=logging.WARNING,
+    )
+
+
+def deploy(config: DeployConfig, num_replicas: int, host: str, port: int) -> str:
+    """Serve's proxy on ``host:port`` and the app of ``config`` with ``num_replicas`` replicas
+    (a running app of the same name is updated); returns the URL. Raises ``RuntimeError`` when
+    the app does not deploy."""
+    serve.start(http_options=HTTPOptions(host=host, port=port))
+    serve.run(application(config, num_replicas), name=config.replicas.app_name, route_prefix="/")
+    return f"http://{host}:{port}"
+
+
+def undeploy(config: DeployConfig) -> dict[str, int]:
+    """Drain every replica, delete the app and its checkpoint store; returns the drain's counts."""
+    app_name = config.replicas.app_name
+    drained = drain(app_name, config.server.shutdown_timeout_s)
+    serve.delete(app_name)
+    remove_store(app_name)
+    return drained
 
 
 def serve_replicas(
@@ -137,31 +169,17 @@ def serve_replicas(
         return 2
     host = host or config.server.host
     port = config.server.port if port is None else port
-    local = ray_address is None
     if port == 0:
         port = _free_port(host)
-    if local:
-        os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)  # the local proxy inherits it
-        cpus = max(os.cpu_count() or 1, math.ceil(num_replicas * config.replicas.num_cpus))
-        ray.init(
-            address="local",
-            num_cpus=cpus,
-            include_dashboard=False,
-            object_store_memory=config.replicas.object_store_bytes,
-            logging_level=logging.WARNING,
-        )
-    else:
-        ray.init(address=ray_address, logging_level=logging.WARNING)
+    start_ray(config, num_replicas, ray_address)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    app_name = config.replicas.app_name
-    url = f"http://{host}:{port}"
     status = 0
     try:
-        serve.start(http_options=HTTPOptions(host=host, port=port))
-        serve.run(application(config, num_replicas), name=app_name, route_prefix="/")
-        failure = wait_ready(url, num_replicas, stop)
+        url = deploy(config, num_replicas, host, port)
+        api_key = config.server.api_keys[0] if config.server.api_keys else None
+        failure = wait_ready(url, num_replicas, stop, api_key)
         if failure is None:
             log.info(
                 "ready",
@@ -177,8 +195,7 @@ def serve_replicas(
     finally:
         started = time.monotonic()
         try:
-            drained = drain(app_name, config.server.shutdown_timeout_s)
-            serve.delete(app_name)
+            drained = undeploy(config)
         finally:
             ray.shutdown()  # a local instance ends with it; a cluster keeps Serve for its other apps
         log.info("stopped", extra={"seconds": round(time.monotonic() - started, 1), **drained})

@@ -87,8 +87,14 @@ class Request:
     kind: str | None = None
 
 
+SETTLE_S = 1.0  # a placed websocket's session is in its replica's count within this (handshake)
+
+
 class Placements:
-    """New sessions a router sent to each replica, kept until a report newer than them arrives."""
+    """Websockets opening a kind that a router sent to each replica (a socket naming its session
+    may open a new one there too), counted until a report made :data:`SETTLE_S` after them
+    arrives. Counting a session twice for that second (in the report and here) only steers the
+    next one elsewhere; the replica's own admission decides."""
 
     def __init__(self) -> None:
         self._by_tag: dict[str, collections.deque[tuple[float, str]]] = {}
@@ -97,12 +103,12 @@ class Placements:
         self._by_tag.setdefault(tag, collections.deque()).append((at, kind))
 
     def since(self, tag: str, kind: str, report_at: float) -> int:
-        """Sessions of ``kind`` placed on ``tag`` after its report of ``report_at`` (older ones are
-        in that report, and forgotten)."""
+        """Sessions of ``kind`` placed on ``tag`` that its report of ``report_at`` may not hold yet
+        (older ones are in it, and forgotten)."""
         placed = self._by_tag.get(tag)
         if not placed:
             return 0
-        while placed and placed[0][0] <= report_at:
+        while placed and placed[0][0] <= report_at - SETTLE_S:
             placed.popleft()
         return sum(1 for _, k in placed if k == kind)
 

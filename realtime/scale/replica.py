@@ -8,7 +8,8 @@ A replica, at startup (``__serve_build_asgi_app__``, in the replica's process):
   session id it allocates names it, which is what the session router routes on;
 - builds the app of the deploy config with the cluster-wide views in front of its own
   (``realtime.scale.views``) and the session check behind the guard
-  (``realtime.scale.session_check``);
+  (``realtime.scale.session_check``), and a client of the cluster's checkpoint store
+  (``realtime.scale.checkpoints``; ``/v1/status`` reports what it holds);
 - loads its models as the single server does (the app's lifespan: ``/readyz`` and the routing
   report say when it is ready; Serve's health check fails once a load failed).
 
@@ -34,6 +35,7 @@ from realtime.app import create_app
 from realtime.config import DeployConfig
 from realtime.logs import configure_logging
 from realtime.scale.affinity import replica_key, websocket_routes
+from realtime.scale.checkpoints import RayCheckpointStore
 from realtime.scale.session_check import SessionCheck
 from realtime.scale.views import ClusterViews, Snapshot, report, snapshot
 from sessions.identities import set_replica_tag
@@ -94,10 +96,17 @@ class RealtimeReplica:
     def __serve_build_asgi_app__(self) -> Starlette:
         config = self.config
         configure_logging(config.server.log_level, config.server.log_format)
-        self.tag = serve.get_replica_context().replica_id.unique_id
+        context = serve.get_replica_context()  # the app's name is Serve's (serve run may rename it)
+        self.tag = context.replica_id.unique_id
         set_replica_tag(self.tag)
-        peers = Peers(config.replicas.app_name, self.tag, config.replicas.peer_timeout_s)
-        views = ClusterViews(self._gather(peers), tuple(config.enabled_kinds()))
+        peers = Peers(context.app_name, self.tag, config.replicas.peer_timeout_s)
+        self.store = RayCheckpointStore(config.replicas, context.app_name)  # phase 2: kinds' checkpoints
+        views = ClusterViews(
+            self._gather(peers),
+            tuple(config.enabled_kinds()),
+            checkpoints=self.store.stats,
+            timeout_s=config.replicas.peer_timeout_s,
+        )
         app = self._app = create_app(config, routes_first=views.routes())
         # appended, so it runs after the guard (keys, origin) and before the routes
         app.user_middleware.append(Middleware(SessionCheck, tag=self.tag))

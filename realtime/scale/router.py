@@ -86,5 +86,5 @@ class SessionRouter(RequestRouter):
         replica = self.curr_replicas.get(replica_id)
         reports = self._reports([replica]) if replica is not None else {}
         request = request_of(pending_request, reports)
-        if request.kind is not None and request.owner != tag:
+        if request.kind is not None:
             self._placements.add(tag, request.kind, time.time())

@@ -14,11 +14,15 @@ through Serve), or an unreachable marker for a replica that did not answer in ti
 - ``/v1/status``: the single server's document summed across replicas (kinds' capacity,
   occupied, free, counters; connections), the stages and key latencies from the replicas' merged
   metric families (histograms and counters summed exactly; a quantile gauge, ``*_p99_seconds``,
-  is the worst replica's), and ``replicas``: each replica's tag, node, pid, readiness and kinds.
+  is the worst replica's), ``replicas``: each replica's tag, node, pid, readiness and kinds, and
+  ``checkpoints``: what the cluster's checkpoint store holds (``sessions``, ``bytes``; ``null``
+  when it does not answer in time).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import os
 import socket
@@ -76,7 +80,7 @@ def snapshot(state: Any, tag: str, with_metrics: bool) -> Snapshot:
         "load_error": state.load_error,
         "kinds_serving": kinds_serving(state),
         "status": app_status(state),
-        "models": models_document(state.kinds),
+        "models": models_document(state.kinds, state.unavailable),
         "metrics": generate_latest(state.context.registry).decode() if with_metrics else None,
     }
 
@@ -219,6 +223,8 @@ class ClusterViews:
 
     gather: Gather
     configured: tuple[str, ...]
+    checkpoints: Callable[[], Awaitable[dict[str, int]]] | None = None
+    timeout_s: float = 2.0
 
     def routes(self) -> list[Route]:
         return [
@@ -241,4 +247,9 @@ class ClusterViews:
         return JSONResponse(cluster_models(await self.gather(False)))
 
     async def status(self, _: Request) -> Response:
-        return JSONResponse(cluster_status(await self.gather(True), self.configured))
+        document = cluster_status(await self.gather(True), self.configured)
+        document["checkpoints"] = None
+        if self.checkpoints is not None:
+            with contextlib.suppress(Exception):  # the store is slow or gone: reported as null
+                document["checkpoints"] = await asyncio.wait_for(self.checkpoints(), self.timeout_s)
+        return JSONResponse(document)

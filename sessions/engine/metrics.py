@@ -163,6 +163,7 @@ class StageMetrics:
         self.slots_open = m.slots_open.labels(stage=stage)
         self.slot_bytes = m.slot_bytes.labels(stage=stage)
         self.channel_depth = m.channel_depth.labels(stage=stage)
+        self.item_seconds = m.item_seconds.labels(stage=stage)  # submit to output (a stream: to its end)
 
     def chunk_dropped(self, _chunk: Any) -> None:
         """A ``drop_oldest`` channel shed a chunk (the channel's ``on_drop``)."""
@@ -174,15 +175,14 @@ class StageMetrics:
 
 
 class BatchMetrics(StageMetrics):
-    """A batched engine's series: those of every engine plus batch sizes, forward and item
-    latencies, batch failures and the queue depth."""
+    """A batched engine's series: those of every engine plus batch sizes, forward latencies,
+    batch failures and the queue depth."""
 
     def __init__(self, registry: CollectorRegistry, stage: str) -> None:
         super().__init__(registry, stage)
         m = engine_metrics(registry)
         self.batch_size = m.batch_size.labels(stage=stage)
         self.forward_seconds = m.forward_seconds.labels(stage=stage)
-        self.item_seconds = m.item_seconds.labels(stage=stage)
         self.batch_failures = m.failures.labels(stage=stage, scope="batch")
         self._queue_depth = m.queue_depth.labels(stage=stage)
 

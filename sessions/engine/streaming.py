@@ -16,12 +16,16 @@ runtime guarantees every stage:
   the pump and calls ``stage.abort(request_id)``; the consumer gets the typed reason.
 - **Bounds**: at most ``max_pending`` requests in flight across sessions
   (:class:`~sessions.engine.errors.QueueFullError`, a transient error, beyond it).
+- **Metrics**: ``engine_item_seconds`` observes each request that ran to its end (start to last
+  chunk), so ``/v1/status`` counts the stage's requests; the stage batches its own forwards, so
+  ``engine_batch_size`` and ``engine_forward_seconds`` stay empty.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,7 +162,7 @@ class StreamingStageEngine(EngineBase[_Session]):
         self._inflight -= 1
 
     async def _pump(self, request: _Request, item: StageItem) -> None:
-        seq = 0
+        seq, started = 0, time.monotonic()
         chunks: AsyncIterator[Any] = self.stage.stream(item)
         try:
             async for payload in chunks:
@@ -166,6 +170,8 @@ class StreamingStageEngine(EngineBase[_Session]):
                     break
                 await request.channel.put(Chunk(request.session_id, request.epoch, seq, payload, False))
                 seq += 1
+            if not request.done:
+                self.metrics.item_seconds.observe(time.monotonic() - started)
             request.stop(None)
         except asyncio.CancelledError:
             raise

@@ -87,8 +87,12 @@ async def test_routes_redirect_serve_files_and_need_the_key(base):
         html = {"Accept": "text/html,application/xhtml+xml"}
         redirect = await client.get("/", params={"api_key": KEY}, headers=html)
         assert redirect.status_code == 307 and redirect.headers["location"] == f"/demo/?api_key={KEY}"
-        other = await client.get("/", params={"api_key": KEY})
-        assert other.status_code == 404 and "/demo/" in other.text
+        other = await client.get("/", params={"api_key": KEY})  # curl, a script: what is here
+        assert other.status_code == 200 and other.headers["content-type"].startswith("text/plain")
+        ws_base = base.replace("http://", "ws://")
+        assert f"robot   {ws_base}/, {ws_base}/v1/realtime/robot/openpi" in other.text
+        for route in ("/demo/", "/v1/models", "/v1/status", "/healthz", "/readyz", "/metrics", "docs/"):
+            assert route in other.text, route
         assert (await client.get("/demo/", headers=html)).status_code == 401  # the key rule holds
         for path, kind in (
             ("/demo/", "text/html"),

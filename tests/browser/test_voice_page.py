@@ -80,3 +80,25 @@ async def test_voice_page_answers_the_spoken_question_and_barge_in_truncates(bro
     assert interrupted >= 1
     assert cut["errors"] == [] and console.errors == [], (cut["errors"], console.errors)
     assert (tmp_path / "voice-page.png").stat().st_size > 0
+
+
+async def test_a_typed_message_is_answered_without_the_microphone(browser, base, tmp_path):
+    """Typing needs no "start talking": sending connects (audio out only) and the answer comes."""
+    async with open_page(browser, tmp_path / "voice-typed.png") as (page, console):
+        await page.goto(f"{base}/demo/voice?api_key={API_KEY}")
+        await page.wait_for_function("window.voiceStats !== undefined", timeout=30_000)
+        assert await page.locator("#send").is_enabled() and await page.locator("#text").is_enabled()
+        await page.fill("#text", "What is the capital of France?")
+        await page.click("#send")
+        await page.wait_for_function(
+            "window.voiceStats.responses.some((r) => r.status === 'completed')", timeout=150_000
+        )
+        stats = await page.evaluate("window.voiceStats")
+        transcript = await page.locator("#transcript").inner_text()
+        start_enabled = await page.locator("#start").is_enabled()
+    assert stats["appended"] == 0 and stats["speechStarted"] == 0, "the microphone was never started"
+    answer = " ".join(stats["assistantTranscripts"].values())
+    assert answer.strip() and stats["errors"] == [], stats
+    assert "What is the capital of France?" in transcript and answer.strip()[:20] in transcript
+    assert start_enabled, "the microphone can still be added"
+    assert console.errors == []

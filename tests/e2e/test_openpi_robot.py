@@ -16,6 +16,7 @@ from openpi_client import msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from models.policy import presets
 from models.policy.pi0_policy import Pi0Policy
 from realtime.bench.examples import aloha, droid, libero
 from realtime.config import RobotConfig, config_from_mapping
@@ -81,6 +82,8 @@ async def test_metadata_frame_arrives_first_and_matches_the_policy(server, local
 
 @pytest.mark.parametrize("make", [libero, droid, aloha, pi0_obs], ids=lambda f: f.__name__)
 async def test_robot_shaped_observations_get_the_advertised_chunk(server, local, make):
+    """Each robot gets the action dims its ``observation_presets`` entry advertises (issue 29:
+    the auto preset used to return 32 for every robot)."""
     url, _, _ = server
 
     def go():
@@ -91,8 +94,11 @@ async def test_robot_shaped_observations_get_the_advertised_chunk(server, local,
             policy._ws.close()
 
     first, second = await in_client_thread(go)
+    meta = handshake_metadata(local, server[2].robot)
+    dims = meta["observation_presets"][presets.detect(make(7)).name]["action_dim"]
+    assert dims == {"libero": 7, "droid": 8, "aloha": 14, "pi0_obs": 32}[make.__name__]
     for reply in (first, second):
-        assert reply["actions"].shape == (50, 32) and np.isfinite(reply["actions"]).all()
+        assert reply["actions"].shape == (50, dims) and np.isfinite(reply["actions"]).all()
         np.testing.assert_allclose(reply["actions"], expected(local, make(7)), atol=1e-4)
         assert reply["server_timing"]["infer_ms"] > 0 and reply["policy_timing"]["infer_ms"] > 0
     assert "prev_total_ms" in second["server_timing"] and "prev_total_ms" not in first["server_timing"]
@@ -235,7 +241,7 @@ async def test_api_key_is_enforced_when_configured(strict_server):
     with pytest.raises(InvalidStatus):
         await in_client_thread(WebsocketClientPolicy, strict_server, api_key="wrong")
     policy = await in_client_thread(WebsocketClientPolicy, strict_server, api_key="k1")
-    assert (await in_client_thread(policy.infer, aloha()))["actions"].shape == (50, 32)
+    assert (await in_client_thread(policy.infer, aloha()))["actions"].shape == (50, 14)
     await in_client_thread(policy._ws.close)
 
 
@@ -429,3 +435,49 @@ async def test_no_idle_close_by_default_even_after_a_long_pause(default_server, 
         np.testing.assert_allclose(reply["actions"], expected(local, libero(2)), atol=1e-4)
     finally:
         await in_client_thread(policy._ws.close)
+
+
+# --------------------------------------------------------------------------- a real checkpoint folder
+
+
+@pytest.fixture(scope="module")
+async def checkpoint_server(tmp_path_factory):
+    """``robot.policy: pi0.5`` + ``robot.checkpoint``: a random-weight pi0.5 LIBERO checkpoint in
+    openpi's layout (``tests/robot/checkpoints.py``), served as a user's would be."""
+    from tests.robot.checkpoints import openpi_checkpoint
+
+    folder = openpi_checkpoint(tmp_path_factory.mktemp("ckpt") / "pi05_libero", pi05=True, horizon=10)
+    robot = {"policy": "pi0.5", "checkpoint": str(folder), "device": "cpu"}
+    config = config_from_mapping({"robot": robot})
+    async with serve_in_process(config) as (url, srv):
+        yield url.replace("http://", "ws://"), srv.rt_app.state.rt.kinds[0]
+
+
+async def test_openpi_client_gets_libero_actions_from_a_served_checkpoint(checkpoint_server):
+    """openpi's LIBERO example, unchanged: metadata, then 7-dim actions for LIBERO observations."""
+    url, service = checkpoint_server
+
+    def go():
+        policy = WebsocketClientPolicy(url)
+        try:
+            return policy.get_server_metadata(), policy.infer(libero(3)), policy.infer(libero(3))
+        finally:
+            policy._ws.close()
+
+    meta, first, second = await in_client_thread(go)
+    assert meta["policy"] == "pi0.5" and meta["action_dim"] == 7 and meta["action_horizon"] == 10
+    assert meta["observation_preset"] == "libero"
+    assert first["actions"].shape == (10, 7) and first["actions"].dtype == np.float32
+    np.testing.assert_array_equal(first["actions"], second["actions"])  # deterministic
+    local = service.policy.infer([service.policy.prepare(libero(3))], [None])[0]
+    np.testing.assert_allclose(first["actions"], local, atol=1e-5)
+    with pytest.raises(RuntimeError, match="observation/image"):  # a DROID robot is refused, typed
+        await in_client_thread(_infer_once, url, droid(1))
+
+
+def _infer_once(url: str, obs: dict) -> dict:
+    policy = WebsocketClientPolicy(url)
+    try:
+        return policy.infer(obs)
+    finally:
+        policy._ws.close()

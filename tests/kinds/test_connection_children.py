@@ -1,5 +1,6 @@
 """The skeleton's child tasks (``Connection.spawn``): a child the connection cancels before its
-first step leaves no coroutine never awaited (issue 26 item 10: ``_VoiceHandler._pump``).
+first step leaves no coroutine never awaited (issue 26 item 10: the warning named
+``_VoiceHandler._pump``, a child the voice kind spawned as a connection opened).
 
 A unit test of one layer: the websocket is a stand-in that never delivers a frame, the manager
 a real one over no stage."""

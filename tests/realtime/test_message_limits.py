@@ -21,10 +21,12 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from websockets.frames import Opcode
 from websockets.sync.client import connect
 
+from realtime.protocols import openpi
 from tests.realtime.rawws import RawClient
 from tests.realtime.test_serve_process import start_server
 
@@ -230,3 +232,22 @@ def test_invalid_utf8_closes_1007_with_one_rate_limited_line_and_no_traceback(se
     new = log.read_text()[len(before) :]
     assert "Traceback" not in new and "Fatal error" not in new and "level=error" not in new, new[-3000:]
     assert new.count("invalid UTF-8") == 1, new[-3000:]  # 21 connections, one line a minute
+
+
+def test_a_frame_the_transport_refuses_while_a_request_is_in_flight_is_no_internal_error(served):
+    """Found by the reliability bench's fuzzer: a robot request and a refused frame (here invalid
+    UTF-8, 1007) in one TCP segment; the transport closed the connection before the inline handler
+    replied, and the reply raised uvicorn's RuntimeError: ERROR 'robot connection failed' with a
+    traceback and a 1011 log line."""
+    url, log = served
+    before = len(log.read_text())
+    for _ in range(3):
+        client = RawClient(_ws(url) + "/")
+        client.protocol.send_binary(openpi.packb({"observation/state": np.zeros(8, np.float32)}))
+        client.protocol.send_text(b"\xff")
+        client.sock.sendall(b"".join(client.protocol.data_to_send()))
+        assert client.close_code() == 1007
+        client.close()
+    time.sleep(0.5)
+    new = log.read_text()[before:]
+    assert "level=error" not in new and "Traceback" not in new and "code=1011" not in new, new[-3000:]

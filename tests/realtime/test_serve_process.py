@@ -15,8 +15,11 @@ import httpx
 READY = re.compile(r'msg=ready url=(http://\S+)|"msg": "ready", "url": "(http://[^"]+)"')
 
 
-def start_server(config_text: str, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    """Start ``realtime serve`` on an ephemeral port; return the process and its URL once ready."""
+def start_server(
+    config_text: str, tmp_path: Path, *extra: str, ready_timeout_s: float = 120
+) -> tuple[subprocess.Popen, str]:
+    """Start ``realtime serve`` on an ephemeral port; return the process and its URL once ready
+    (its log, stdout and stderr together, is ``tmp_path / "server.log"``)."""
     config = tmp_path / "deploy.yaml"
     config.write_text(config_text)
     log_path = tmp_path / "server.log"
@@ -27,7 +30,7 @@ def start_server(config_text: str, tmp_path: Path, *extra: str) -> tuple[subproc
         stderr=subprocess.STDOUT,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         match = READY.search(log_path.read_text())
         if match:

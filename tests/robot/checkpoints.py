@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.policy.checkpoint import TOKENIZER_FILE, openpi_state_dict, write_random_openpi, write_tokenizer
+from models.policy.checkpoint import TOKENIZER_FILE
+from models.policy.checkpoint_writer import openpi_state_dict, write_random_openpi, write_tokenizer
 from models.policy.pi0 import PI0_TINY, Pi0Config, build
 
 SMALL = replace(PI0_TINY, vision_width=72, vision_heads=1, vision_mlp_width=96, vocab_size=512)

@@ -15,7 +15,8 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from models.policy.checkpoint import inspect, openpi_state_dict
+from models.policy.checkpoint import inspect
+from models.policy.checkpoint_writer import openpi_state_dict
 from models.policy.processing import discretize_state, resize_with_pad
 from realtime.bench.examples import aloha, droid, libero
 from realtime.config import ConfigError, config_from_mapping
@@ -151,6 +152,21 @@ def test_aloha_adapt_to_pi_by_hand(folders):
     np.testing.assert_allclose(out[0], expected, rtol=1e-5)
 
 
+def test_rtc_guides_toward_the_delivered_chunk_through_the_output_transforms(folders):
+    """Real-time chunking with a checkpoint: the previous chunk is in the robot's units (after
+    un-normalization, deltas and ALOHA's flips) and is mapped back into model space to guide."""
+    served = serve(folders["pi0_aloha"], "pi0")
+    state = served.new_state()
+    (prev,) = run(served, aloha(0))
+    state.commit(prev, latency_s=0.05, now=100.0)
+    item = served.prepare(aloha(5, rtc={"executed_steps": 10, "inference_delay": 4}))
+    (guided,) = served.infer([item], [state.snapshot(item, now=100.2)])
+    np.testing.assert_array_equal(guided[:4], prev[10:14])
+    (free,) = run(served, aloha(5))
+    overlap = slice(4, 40)
+    assert np.abs(guided[overlap] - prev[14:50]).mean() < 0.5 * np.abs(free[overlap] - prev[14:50]).mean()
+
+
 def test_resize_with_pad_matches_openpi_client(folders):
     from openpi_client.image_tools import resize_with_pad as reference
 
@@ -208,6 +224,13 @@ def _truncate(folder: Path) -> None:
     path.write_bytes(path.read_bytes()[:-100])
 
 
+def _short_state_stats(folder: Path) -> None:
+    path = next((folder / "assets").rglob("norm_stats.json"))
+    data = json.loads(path.read_text())
+    data["norm_stats"]["state"] = {k: v[:3] for k, v in data["norm_stats"]["state"].items()}
+    path.write_text(json.dumps(data))
+
+
 def _drop_q01(folder: Path) -> None:
     path = next((folder / "assets").rglob("norm_stats.json"))
     data = json.loads(path.read_text())
@@ -226,6 +249,12 @@ CASES = [
     ),
     ("pi0_libero", "pi0.5", lambda f: None, "holds a pi0 model, not pi0.5"),
     ("pi05_droid", "pi0.5", _drop_q01, "norm_stats.json: norm_stats.actions.q01 is missing"),
+    (
+        "pi0_libero",
+        "pi0",
+        _short_state_stats,
+        "norm_stats.json: the state statistics have 3 values, the libero robot sends 8",
+    ),
     (
         "pi0_libero",
         "pi0",
@@ -306,3 +335,16 @@ def test_inspect_guesses_the_robot_from_the_asset_folder_and_obeys_a_named_confi
     )
     with pytest.raises(ValueError, match="serves aloha"):
         inspect(folders["pi0_aloha"], pi05=False, preset="libero", openpi_config="pi0_aloha")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("name", "policy"), [("pi0_libero", "pi0"), ("pi05_libero", "pi0.5")])
+def test_checkpoints_on_cuda_in_bf16_with_graphs_match_the_cpu(folders, name, policy):
+    cpu = serve(folders[name], policy)
+    gpu = serve(folders[name], policy, device="cuda")  # dtype auto: bf16; CUDA graphs
+    gpu.warmup(4)
+    assert gpu.graphs is not None and gpu.model.dtype == torch.bfloat16
+    observations = [libero(i) for i in range(3)]  # padded to the bucket of 4
+    for want, got in zip(run(cpu, *observations), run(gpu, *observations), strict=True):
+        assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()  # bf16 rounding

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from openpi_client import msgpack_numpy as reference
 
+from models.policy.presets import check_prompt
 from realtime.protocols import openpi
 from realtime.protocols.openpi import (
     Actions,
@@ -227,7 +228,9 @@ def _infer(conn: ServerConnection, observation) -> Infer | Rejected:
 
 
 def _open() -> ServerConnection:
-    conn = ServerConnection(max_prompt_chars=8)
+    conn = ServerConnection(
+        max_prompt_chars=8, check_prompt=check_prompt
+    )  # the kind passes the policy's rule
     conn.start({})
     return conn
 

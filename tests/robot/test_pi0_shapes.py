@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from models.cuda_graphs import buckets
+from models.policy.checkpoint import model_config
+from models.policy.checkpoint_writer import openpi_state_dict
 from models.policy.pi0 import PI0, PI0_TINY, PI05, Pi0
 from models.policy.pi0_policy import Pi0Policy
 from realtime.bench import examples
@@ -65,3 +68,15 @@ def test_cuda_graph_replay_equals_the_eager_forward(pi05):
     want = eager.infer([eager.prepare(o) for o in observations], [None] * 3)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("config", [PI0, PI05], ids=["pi0", "pi0.5"])
+def test_a_real_size_checkpoint_layout_spells_back_the_real_config(config):
+    """openpi's parameter names and shapes at the real sizes (on the meta device: no memory)
+    are what ``inspect`` reads back as pi0 / pi0.5 (heads, widths, depths, vocabulary)."""
+    with torch.device("meta"):
+        tensors = openpi_state_dict(Pi0(config))
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    assert shapes["paligemma_with_expert.gemma_expert.lm_head.weight"] == (257152, 1024)
+    read = model_config(shapes, config.pi05, Path("model.safetensors"))
+    assert read == config

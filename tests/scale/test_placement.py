@@ -52,16 +52,19 @@ def test_a_gone_owner_means_placement_by_capacity_and_unready_replicas_come_last
     assert rank(Request(), reports, Placements()) == [["a"], ["a", "b", "c"]]
 
 
-def test_sessions_placed_since_a_report_count_until_a_newer_report_arrives():
+def test_sessions_placed_since_a_report_count_until_a_report_settled_after_them():
     placed = Placements()
     reports = {"a": report("a", at=100.0, robot=(2, 0)), "b": report("b", at=100.0, robot=(2, 1))}
     placed.add("a", "robot", 100.5)
     placed.add("a", "robot", 100.6)  # a burst inside one stats period: "a" is full now
     placed.add("a", "world", 100.7)  # another kind does not count
     assert rank(Request(kind="robot"), reports, placed) == [["b"], ["a", "b"]]
-    newer = {**reports, "a": report("a", at=101.0, robot=(2, 1))}  # the report holds one of them
-    assert placed.since("a", "robot", 101.0) == 0
-    assert rank(Request(kind="robot"), newer, placed)[0] == ["a", "b"]
+    soon = {**reports, "a": report("a", at=101.0, robot=(2, 1))}  # may miss a handshake in flight
+    assert placed.since("a", "robot", 101.0) == 2
+    assert rank(Request(kind="robot"), soon, placed) == [["b"], ["a", "b"]]
+    settled = {**reports, "a": report("a", at=101.7, robot=(2, 1))}  # holds every one of them
+    assert placed.since("a", "robot", 101.7) == 0
+    assert rank(Request(kind="robot"), settled, placed)[0] == ["a", "b"]
 
 
 def test_what_a_request_names_and_opens():

@@ -25,13 +25,19 @@ def action(i: int, dim: int = 6) -> torch.Tensor:
 def block_inputs(
     cfg: WorldModelConfig, block: int, sigma: float = 0.5
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A random noisy block ``x`` (float64) with its frame positions, noise levels and actions:
-    the arguments of one DiT forward of one session's ``block``."""
+    """A random noisy block ``x`` (float64) with its frame positions, timesteps (``1000 sigma``)
+    and actions: the arguments of one DiT forward of one session's ``block``."""
     fpb = cfg.frames_per_block
     x = torch.randn(1, fpb, cfg.latent_channels, cfg.latent_height, cfg.latent_width, dtype=torch.float64)
     pos = torch.arange(block * fpb, (block + 1) * fpb)[None]
-    sigmas = torch.full((1, fpb), sigma, dtype=torch.float64)
-    return x, pos, sigmas, action(block).expand(fpb, -1).to(torch.float64)[None]
+    timesteps = torch.full((1, fpb), 1000 * sigma, dtype=torch.float64)
+    return x, pos, timesteps, action(block).expand(fpb, -1).to(torch.float64)[None]
+
+
+def model_tensors(model: WorldModel) -> dict[str, torch.Tensor]:
+    """A model's tensors in our model-file layout (``dit.*``, ``decoder.*``, ``text.*``)."""
+    parts = {"dit": model.dit, "decoder": model.decoder, "text": model.prompts}
+    return {f"{name}.{k}": v for name, m in parts.items() for k, v in m.state_dict().items()}
 
 
 def tick(model: WorldModel, sid: str, i: int, prompt: str | None = "stone maze", act=None) -> WorldTick:

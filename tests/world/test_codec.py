@@ -10,6 +10,7 @@ import av
 import numpy as np
 import pytest
 
+from models.world.controls import validate_control
 from realtime.media.video import (
     TICKS_PER_FRAME,
     Fmp4Decoder,
@@ -24,7 +25,9 @@ LIMITS = proto.Limits(width=64, height=64, min_fps=1, max_fps=60, max_prompt_cha
 
 
 def _conn(started: bool = True) -> proto.ServerConnection:
-    conn = proto.ServerConnection(LIMITS, default_fps=16)
+    conn = proto.ServerConnection(
+        LIMITS, default_fps=16, validate_control=validate_control
+    )  # as the kind does
     if started:
         assert isinstance(conn.receive_text('{"type":"session.start"}'), proto.Start)
     return conn

@@ -84,9 +84,9 @@ def test_gathered_past_equals_attending_to_the_whole_padded_window_under_a_mask(
             )
             k[0, : g.resident_frames * tpf][~seen.repeat_interleave(tpf)] = 1e3  # garbage the mask hides
             padded.append((k, v))
-        x, pos, sigma, acts = block_inputs(cfg, b)
-        got, kv_got = model.dit(x, pos, sigma, acts, cross, None, past)
-        want, kv_want = model.dit(x, pos, sigma, acts, cross, mask, padded)
+        x, pos, timesteps, acts = block_inputs(cfg, b)
+        got, kv_got = model.dit(x, pos, timesteps, acts, cross, None, past)
+        want, kv_want = model.dit(x, pos, timesteps, acts, cross, mask, padded)
         assert float((got - want).abs().max()) < TOL, b
         for (kg, vg), (kw, vw) in zip(kv_got, kv_want, strict=True):  # what the clean pass commits
             assert float((kg - kw).abs().max()) < TOL and float((vg - vw).abs().max()) < TOL

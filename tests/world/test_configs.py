@@ -9,7 +9,7 @@ import torch
 from models.world.configs import TEST, WAN_1_3B, read_config, save_model_weights
 from models.world.kv_cache import KVGeometry
 from models.world.model import WorldModel, WorldTick
-from tests.world.helpers import tick
+from tests.world.helpers import model_tensors, tick
 
 
 def test_wan_shapes_and_kv_geometry():
@@ -26,8 +26,7 @@ def test_wan_shapes_and_kv_geometry():
 
 def test_safetensors_round_trip_gives_identical_outputs(tmp_path):
     a = WorldModel.build(TEST, slots=1, seed=1)
-    tensors = {f"dit.{k}": v for k, v in a.dit.state_dict().items()}
-    tensors.update({f"decoder.{k}": v for k, v in a.decoder.state_dict().items()})
+    tensors = model_tensors(a)
     path = tmp_path / "w.safetensors"
     save_model_weights(path, TEST, tensors)
     assert read_config(path) == TEST
@@ -41,8 +40,7 @@ def test_safetensors_round_trip_gives_identical_outputs(tmp_path):
 
 def test_float16_weights_load_into_float32_modules_as_the_rounded_parameters(tmp_path):
     a = WorldModel.build(TEST, slots=1, seed=1)
-    tensors = {f"dit.{k}": v for k, v in a.dit.state_dict().items()}
-    tensors.update({f"decoder.{k}": v for k, v in a.decoder.state_dict().items()})
+    tensors = model_tensors(a)
     half, full = tmp_path / "half.safetensors", tmp_path / "full.safetensors"
     save_model_weights(half, TEST, tensors, torch.float16)
     save_model_weights(full, TEST, {k: v.half().float() for k, v in tensors.items()})

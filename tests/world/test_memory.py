@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from models.world.configs import TEST, TINY, WAN_1_3B
+from models.world.configs import SELF_FORCING, TEST, TINY, WAN_1_3B
 from models.world.kv_cache import KVGeometry
 from models.world.memory import (
     ALLOCATOR_MARGIN,
@@ -19,9 +19,26 @@ from models.world.model import WorldModel, WorldTick
 @pytest.mark.parametrize("cfg", [TEST, TINY])
 def test_weight_bytes_match_the_built_model(cfg):
     model = WorldModel.build(cfg, slots=1)
-    built = sum(t.numel() * 4 for m in (model.dit, model.decoder) for t in (*m.parameters(), *m.buffers()))
+    parts = (model.dit, model.decoder, model.prompts)  # the word-prompt table too
+    built = sum(t.numel() * 4 for m in parts for t in (*m.parameters(), *m.buffers()))
     assert weight_bytes(cfg, torch.float32) == built
     assert weight_bytes(cfg, torch.bfloat16) == built // 2
+
+
+def test_a_checkpoint_config_counts_the_wan_vae_decoder_and_its_state():
+    """Self-Forcing's config decodes through the Wan 2.1 VAE: its weights and its per-session
+    temporal cache (1.76 GiB in bf16 at 480x832) are what the plan counts."""
+    model = WorldModel.build(
+        SELF_FORCING,
+        slots=1,
+        device="meta",
+        dtype=torch.bfloat16,
+        prompts=lambda p: torch.zeros(len(p), 512, 4096),
+    )
+    built = sum(t.numel() * 2 for m in (model.dit, model.decoder) for t in (*m.parameters(), *m.buffers()))
+    assert weight_bytes(SELF_FORCING, torch.bfloat16) == built
+    assert model.decoder_state_bytes == sum(c.numel() * 2 for c in model.decoder.init_state().caches)
+    assert model.decoder_state_bytes == 1_888_573_440
 
 
 def test_fixed_bytes_cover_weights_and_grow_with_the_batch():

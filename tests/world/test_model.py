@@ -13,8 +13,8 @@ import torch
 
 from models.world.configs import TEST
 from models.world.dit import block_causal_mask
-from models.world.model import WorldTick, tokenize
-from models.world.sampler import BlockRequest, recompute_generate, recompute_x0
+from models.world.model import WorldTick
+from models.world.sampler import BlockRequest, recompute_generate, recompute_x0, x0_from_flow
 from tests.world.helpers import action, block_inputs, make_model, tick
 
 TOL = 1e-10
@@ -42,20 +42,21 @@ def test_cached_forward_equals_full_masked_recompute_per_forward():
     cfg = model.cfg
     model.open("s", seed=3)
     history, hist_actions = [], []
-    cross = model.dit.cross_kv(tokenize("stone maze", cfg)[None].to(model.pool.k.device))
+    cross = model.dit.cross_kv(model.prompts(["stone maze"]))
     model.pool.set_cross(["s"], cross)
     model.sessions["s"].prompt = "stone maze"
     worst = 0.0
     mutated = []
     for b in range(BLOCKS):
-        x, pos, sigma, acts = block_inputs(cfg, b)
+        x, pos, timesteps, acts = block_inputs(cfg, b)  # at the schedule's step 1: sigma 0.5
         room = cfg.frames_per_block * cfg.tokens_per_frame
         past, key_mask = model.pool.gather(["s"], [b * cfg.frames_per_block], room=room)
         mask = None
         if key_mask is not None:
             new = key_mask.new_ones(1, cfg.frames_per_block * cfg.tokens_per_frame)
             mask = torch.cat([key_mask, new], 1)[:, None, None]
-        cached, _ = model.dit(x, pos, sigma, acts, cross, mask, past)
+        flow, _ = model.dit(x, pos, timesteps, acts, cross, mask, past)
+        cached = x0_from_flow(x, flow, cfg.sigmas[1])
         if history:
             h = torch.cat(history, 1)
             ha = torch.cat(hist_actions, 1)
@@ -64,13 +65,13 @@ def test_cached_forward_equals_full_masked_recompute_per_forward():
             h = x[:, :0]
             ha = acts[:, :0]
             hpos = torch.arange(0)
-        ref = recompute_x0(model.dit, h, hpos, ha, x, b, 0.5, acts, cross)
+        ref = recompute_x0(model.dit, h, hpos, ha, x, b, 1, acts, cross)
         worst = max(worst, float((cached - ref).abs().max()))
         if b >= 3:  # mutation: a reference that evicts one frame too early must disagree
             shrunk = dataclasses.replace(cfg, window_frames=cfg.window_frames - 1)
             model.dit.cfg = shrunk
             try:
-                bad = recompute_x0(model.dit, h, hpos, ha, x, b, 0.5, acts, cross)
+                bad = recompute_x0(model.dit, h, hpos, ha, x, b, 1, acts, cross)
             finally:
                 model.dit.cfg = cfg
             mutated.append(float((cached - bad).abs().max()))
@@ -86,7 +87,7 @@ def test_cached_rollout_equals_recompute_rollout():
     cfg = model.cfg
     model.open("s", seed=11)
     cached = _rollout(model, "s", BLOCKS)
-    cross = model.dit.cross_kv(tokenize("stone maze", cfg)[None])
+    cross = model.dit.cross_kv(model.prompts(["stone maze"]))
     history = torch.zeros(1, 0, cfg.latent_channels, cfg.latent_height, cfg.latent_width, dtype=torch.float64)
     hist_actions = torch.zeros(1, 0, cfg.action_dim, dtype=torch.float64)
     for b in range(BLOCKS):
@@ -236,7 +237,7 @@ def test_prompt_change_resets_cross_attention_only():
     k, v, ck, cv, pos = model.pool.snapshot("s")
     x_new = model.generate([tick(model, "s", 2, prompt="forest")])
     k2, v2, ck2, cv2, pos2 = model.pool.snapshot("s")
-    expected = model.dit.cross_kv(tokenize("forest", model.cfg)[None])
+    expected = model.dit.cross_kv(model.prompts(["forest"]))
     assert all(torch.equal(ck2[layer], expected[layer][0][0]) for layer in range(model.cfg.depth))
     assert not torch.equal(ck, ck2)
     # the self-attention history is kept: frames still resident are untouched, block 2 was added

@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 
 from models.world.configs import TEST, WEIGHTS_DIR, save_model_weights
-from models.world.model import WorldModel, tokenize
+from models.world.model import WorldModel
+from models.world.prompts import tokenize
 from models.world.start_frames import StartFrames, load_start_frames
 from models.world.training.sharpness import frame_stats, generated_frames
 from models.world.training.start_frames import add_to_weights
-from tests.world.helpers import make_model, tick
+from tests.world.helpers import make_model, model_tensors, tick
 
 THEMES = ("stone", "forest", "desert")
 
@@ -54,8 +55,7 @@ def test_the_first_block_holds_its_start_latent_and_later_blocks_are_generated()
 def test_start_frames_round_trip_through_a_float16_model_file_and_replace_earlier_ones(tmp_path):
     path = tmp_path / "w.safetensors"
     model = make_model(dtype=torch.float32)
-    tensors = {f"dit.{k}": v for k, v in model.dit.state_dict().items()}
-    tensors.update({f"decoder.{k}": v for k, v in model.decoder.state_dict().items()})
+    tensors = model_tensors(model)
     save_model_weights(path, TEST, tensors, torch.float16)
     assert load_start_frames(path) is None and WorldModel.from_weights(path, slots=1).starts is None
     add_to_weights(path, _starts(per_theme=3))

@@ -324,3 +324,22 @@ def test_malformed_files_raise_one_clear_error(tmp_path, make, message):
 def test_a_checkpoint_of_another_size_is_refused(vae_file):
     with pytest.raises(CheckpointError, match="has shape"):
         load_wan_vae_decoder(vae_file, H, W, WAN_VAE)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_release_size_decodes_on_cuda_in_bfloat16(tmp_path):
+    """Wan's widths at 480x832 on the GPU: two sessions batched, a first block then a later one,
+    bf16 against fp32 (the kernels: nearest-exact in bf16, single-head attention of width 384)."""
+    path = write_wan_vae_checkpoint(tmp_path / "Wan2.1_VAE.pth", WAN_VAE)
+    ref = load_wan_vae_decoder(path, 60, 104, WAN_VAE, device="cuda", dtype=torch.float32)
+    bf = load_wan_vae_decoder(path, 60, 104, WAN_VAE, device="cuda", dtype=torch.bfloat16)
+    z = torch.randn(2, 6, 16, 60, 104, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    ref_state, bf_state = ref.init_state(2), bf.init_state(2)
+    with torch.no_grad():
+        for chunk, frames in ((slice(0, 3), 9), (slice(3, 6), 12)):
+            want, ref_state = ref(z[:, chunk], ref_state)
+            got, bf_state = bf(z[:, chunk].bfloat16(), stack_states(split_state(bf_state, 2)))
+            assert got.shape == (2, frames, 3, 480, 832)
+            assert (got.float() - want).abs().max() < 0.05
+    assert bf_state.nbytes == 2 * decoder_state_bytes(WAN_VAE, 60, 104, torch.bfloat16)

@@ -18,6 +18,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from models.world.configs import WorldModelConfig, read_config, save_model_weights
+from models.world.prompts import tokenize
 from models.world.start_frames import StartFrames
 from models.world.training.env import THEMES, MazeEnv
 
@@ -44,7 +45,7 @@ def add_to_weights(path: Path, starts: StartFrames) -> None:
     """Rewrite a model file with ``starts`` (replacing any it had), keeping its tensors' dtypes."""
     with safe_open(str(path), "pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys() if not k.startswith("start.")}
-    dtype = tensors["dit.proj_out.weight"].dtype if "dit.proj_out.weight" in tensors else None
+    dtype = tensors["dit.head.head.weight"].dtype if "dit.head.head.weight" in tensors else None
     tensors.update(
         {"start.latents": starts.latents.to(dtype or torch.float32), "start.tokens": starts.tokens}
     )
@@ -52,7 +53,6 @@ def add_to_weights(path: Path, starts: StartFrames) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from models.world.model import tokenize
     from models.world.training.train import load_autoencoder, normalised_encoder
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -55,7 +55,8 @@ from models.world.configs import (
     save_model_weights,
 )
 from models.world.dit import CausalDiT, block_causal_mask
-from models.world.model import WorldModel, WorldTick, tokenize
+from models.world.model import WorldModel, WorldTick
+from models.world.prompts import WordEmbedding, tokenize
 from models.world.training.env import THEMES, MazeEnv, horizontal_shift, rollout
 from models.world.training.sharpness import frame_stats, generated_frames, psnr, side_by_side
 from models.world.training.start_frames import render_start_frames
@@ -237,11 +238,13 @@ def encode_dataset(cfg, enc, dec, data, device) -> Tensor:
     )
 
 
-def train_dit(cfg, latents: Tensor, data, args, g) -> CausalDiT:
-    dit = CausalDiT(cfg).to(args.device)
-    opt = torch.optim.AdamW(dit.parameters(), lr=args.dit_lr, weight_decay=0.01)
+def train_dit(cfg, latents: Tensor, data, args, g) -> tuple[CausalDiT, WordEmbedding]:
+    """The DiT and its word-prompt table (``models.world.prompts``), trained together."""
+    dit, words = CausalDiT(cfg).to(args.device), WordEmbedding(cfg).to(args.device)
+    params = [*dit.parameters(), *words.parameters()]
+    opt = torch.optim.AdamW(params, lr=args.dit_lr, weight_decay=0.01)
     n = latents.shape[1]
-    tf = _TeacherForced(cfg, dit, n, args.device)
+    tf = _TeacherForced(cfg, dit, words, n, args.device)
     schedule = torch.tensor(cfg.sigmas, device=args.device)
     blocks = n // cfg.frames_per_block
     t0, step = time.time(), 0
@@ -269,36 +272,34 @@ def train_dit(cfg, latents: Tensor, data, args, g) -> CausalDiT:
         with torch.autocast(args.device_type, dtype=torch.bfloat16, enabled=args.amp):
             x0 = tf(clean, noisy, sig, acts, themes)
         loss = F.mse_loss(x0.float(), z)
-        _optimize(opt, loss, clip=list(dit.parameters()))
+        _optimize(opt, loss, clip=params)
         if step % 500 == 0:
             print(f"dit step {step} loss {loss.item():.5f} t={time.time() - t0:.0f}s", flush=True)
         step += 1
     print(f"dit done: {step} steps in {time.time() - t0:.0f}s, loss {loss.item():.5f}", flush=True)
-    return dit
+    return dit, words
 
 
 class _TeacherForced:
     """The DiT in the two-copy training layout for clips of ``n`` latents (mask, positions, prompts)."""
 
-    def __init__(self, cfg: WorldModelConfig, dit: CausalDiT, n: int, device: str) -> None:
-        self.cfg, self.dit, self.n = cfg, dit, n
+    def __init__(
+        self, cfg: WorldModelConfig, dit: CausalDiT, words: WordEmbedding, n: int, device: str
+    ) -> None:
+        self.cfg, self.dit, self.words, self.n = cfg, dit, words, n
         self.mask = train_mask(cfg, n, device)
         self.pos = torch.arange(n, device=device).repeat(2)[None]
         self.tokens = torch.stack([tokenize(t, cfg) for t in THEMES]).to(device)
 
     def __call__(self, clean: Tensor, noisy: Tensor, sig: Tensor, acts: Tensor, themes: Tensor) -> Tensor:
-        """x0 predicted for ``noisy [B, n, ...]`` at per-latent ``sig [B, n]``, past = ``clean``."""
+        """x0 predicted for ``noisy [B, n, ...]`` at per-latent ``sig [B, n]``, past = ``clean``
+        (the DiT's flow prediction at timesteps ``1000 sig``: ``x0 = x - sig v``)."""
         b = clean.shape[0]
         sigma = torch.cat([torch.zeros_like(sig), sig], 1)
-        cross = self.dit.cross_kv(self.tokens[themes])
-        x0, _ = self.dit(
-            torch.cat([clean, noisy], 1),
-            self.pos.expand(b, -1),
-            sigma,
-            acts.repeat(1, 2, 1),
-            cross,
-            self.mask,
-        )
+        cross = self.dit.cross_kv(self.words.embedding(self.tokens[themes]))
+        x = torch.cat([clean, noisy], 1)
+        flow, _ = self.dit(x, self.pos.expand(b, -1), 1000 * sigma, acts.repeat(1, 2, 1), cross, self.mask)
+        x0 = x - sigma[..., None, None, None] * flow
         return x0[:, self.n :]
 
     @torch.no_grad()
@@ -315,9 +316,10 @@ class _TeacherForced:
         return x0
 
 
-def train_decoder_on_samples(cfg, dit, dec, latents, data, args, g) -> CausalDecoder:
+def train_decoder_on_samples(cfg, dit, words, dec, latents, data, args, g) -> CausalDecoder:
     """Stage 3 (module docstring): the decoder learns to draw sharp frames from sampled x0."""
-    tf = _TeacherForced(cfg, dit.eval().requires_grad_(False), latents.shape[1], args.device)
+    frozen = dit.eval().requires_grad_(False), words.eval().requires_grad_(False)
+    tf = _TeacherForced(cfg, *frozen, latents.shape[1], args.device)
     disc = PatchDiscriminator().to(args.device)
     opt = torch.optim.AdamW(dec.parameters(), lr=args.dec_lr, weight_decay=0.0)
     opt_d = torch.optim.AdamW(disc.parameters(), lr=args.dec_lr, betas=(0.5, 0.9))
@@ -352,7 +354,7 @@ def train_decoder_on_samples(cfg, dit, dec, latents, data, args, g) -> CausalDec
 
 
 @torch.no_grad()
-def heldout_report(cfg, enc, dit, dec, args) -> dict[str, float]:
+def heldout_report(cfg, enc, dit, words, dec, args) -> dict[str, float]:
     """PSNR and sharpness (``models.world.training.sharpness``) on held-out clips: the autoencoder's
     reconstruction and (with a ``dit``) the decode of the sampler's teacher-forced x0, against the
     true frames. With ``args.png``, a sheet of the first held-out clip (rows: truth, recon, sampled)."""
@@ -361,7 +363,7 @@ def heldout_report(cfg, enc, dit, dec, args) -> dict[str, float]:
     z = encode_dataset(cfg, enc, dec, data, args.device)
     outputs = {"recon": dec(z, dec.init_state(z.shape[0]))[0]}
     if dit is not None:
-        tf = _TeacherForced(cfg, dit, z.shape[1], args.device)
+        tf = _TeacherForced(cfg, dit, words, z.shape[1], args.device)
         outputs["sampled"] = dec(tf.sample(z, data[1], data[2]), dec.init_state(z.shape[0]))[0]
     size = cfg.frame_width
     report = {f"truth_{k}": v for k, v in frame_stats(frames.flatten(0, 1).cpu(), size).items()}
@@ -450,6 +452,7 @@ def shape_config(args: argparse.Namespace) -> WorldModelConfig:
     if args.decoder_channels:
         changes["decoder_channels"] = tuple(args.decoder_channels)
     cfg = dataclasses.replace(TINY, **changes)
+    cfg = dataclasses.replace(cfg, rope_dims=(cfg.head_dim, 0, 0))  # world-tiny's RoPE: the frame index alone
     cfg.validate()
     return cfg
 
@@ -519,13 +522,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_autoencoder:
         save_autoencoder(args.save_autoencoder, cfg, enc, dec)
     if args.autoencoder_only:
-        print("held-out:", json.dumps(heldout_report(cfg, enc, None, dec, args)), flush=True)
+        print("held-out:", json.dumps(heldout_report(cfg, enc, None, None, dec, args)), flush=True)
         return 0
     latents = encode_dataset(cfg, enc, dec, data, args.device)
-    dit = train_dit(cfg, latents, data, args, g)
-    dec = train_decoder_on_samples(cfg, dit, dec, latents, data, args, g)
+    dit, words = train_dit(cfg, latents, data, args, g)
+    dec = train_decoder_on_samples(cfg, dit, words, dec, latents, data, args, g)
     tensors = {f"dit.{k}": v.float().cpu() for k, v in dit.state_dict().items()}
     tensors.update({f"decoder.{k}": v.float().cpu() for k, v in dec.state_dict().items()})
+    tensors.update({f"text.{k}": v.float().cpu() for k, v in words.state_dict().items()})
     if args.start_frames_per_theme:
         starts = render_start_frames(
             cfg, normalised_encoder(enc, dec), lambda w: tokenize(w, cfg), args.start_frames_per_theme,
@@ -536,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     save_model_weights(args.out, cfg, tensors, WEIGHT_DTYPES[args.weights_dtype])
     size = args.out.stat().st_size
     print(f"wrote {args.out} ({size / 1e6:.2f} MB) total {time.time() - t_start:.0f}s", flush=True)
-    print("held-out:", json.dumps(heldout_report(cfg, enc, dit, dec, args)), flush=True)
+    print("held-out:", json.dumps(heldout_report(cfg, enc, dit, words, dec, args)), flush=True)
     model = WorldModel.from_weights(args.out, slots=9, device=args.device)
     print("control response (px/frame):", control_response(model), flush=True)
     sharp = frame_stats(torch.cat(generated_frames(model)).cpu(), cfg.frame_width)

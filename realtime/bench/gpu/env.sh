@@ -2,7 +2,9 @@
 #
 # The bare device machine lacks some packages: carry their wheels in .whl/ (listed in
 # docs/benchmarks.md, "GPU runs"); they are installed into /tmp/site. Output goes to $OUT (the
-# device tool's folder), else ./out. `bench ARGS` is `realtime bench ARGS` from this checkout.
+# device tool's folder), else ./out. FA4_PATH (optional): folders to add to PYTHONPATH for
+# FlashAttention-4, colon-separated (docs/benchmarks-log.md, "world: FlashAttention-4", says which).
+# `bench ARGS` is `realtime bench ARGS` from this checkout.
 # `require_cuda` ends the calling script with status 0 and one line when torch finds no CUDA device.
 
 if compgen -G ".whl/*.whl" >/dev/null; then

@@ -4,7 +4,8 @@
 # 1 and 4 sessions (fps_1, ttff_ms, aggregate_ratio_4, mfu), batched and time-sliced. About 6
 # minutes on an H200. `--attention auto` takes FlashAttention-4 where it imports (the recorded
 # figures had it: FA4_PATH names its unpacked wheels, docs/benchmarks-log.md "FlashAttention-4"),
-# else SDPA. `bash realtime/bench/gpu/world.sh graphs-off` adds the same run with CUDA graphs off.
+# else SDPA. `bash realtime/bench/gpu/world.sh graphs-off` adds the same run with CUDA graphs off;
+# `... world.sh self-forcing` adds the Self-Forcing checkpoint path on random weights of the real size.
 source "$(dirname "$0")/env.sh"
 require_cuda
 python3 -m pytest -q -m gpu -p no:cacheprovider tests/world/test_graphs.py tests/world/test_attention.py \
@@ -12,4 +13,14 @@ python3 -m pytest -q -m gpu -p no:cacheprovider tests/world/test_graphs.py tests
 bench world --e2e --model wan2.1-1.3b-causal --device cuda --dtype bfloat16 --e2e-seconds 10 --e2e-warmup-s 3 --e2e-sessions 1 4 --cuda-graphs on 2>&1 | tee "$OUT/world_e2e.txt"
 if [ "$1" = graphs-off ]; then
     bench world --e2e --model wan2.1-1.3b-causal --device cuda --dtype bfloat16 --e2e-seconds 10 --e2e-warmup-s 3 --e2e-sessions 1 4 --e2e-batched-only --cuda-graphs off 2>&1 | tee "$OUT/world_e2e_graphs_off.txt"
+fi
+if [ "$1" = self-forcing ]; then
+    # the Self-Forcing checkpoint path (docs/models.md, "World"): random weights of the real size in
+    # Self-Forcing's layout, Wan's VAE and precomputed prompt embeddings, written first (~3 GB)
+    CKPT="${CKPT:-/tmp/self-forcing-random}"
+    bench world --model self-forcing --write-random-checkpoint "$CKPT"
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/world/test_wan_vae.py 2>&1 | tee "$OUT/world_sf_gpu_tests.txt"
+    bench world --e2e --model self-forcing --checkpoint "$CKPT/self_forcing_dmd.pt" --vae "$CKPT/Wan2.1_VAE.pth" \
+        --prompt-embeddings "$CKPT/prompts.safetensors" --device cuda --dtype bfloat16 --e2e-seconds 10 \
+        --e2e-warmup-s 3 --e2e-sessions 1 4 --e2e-batched-only --cuda-graphs on 2>&1 | tee "$OUT/world_sf_e2e.txt"
 fi

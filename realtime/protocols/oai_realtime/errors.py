@@ -151,6 +151,21 @@ def session_expired(minutes: int) -> Rejected:
     return Rejected(ErrorCode.SESSION_EXPIRED, f"Your session hit the maximum duration of {minutes} minutes.")
 
 
+def session_expiring(minutes: int, seconds_left: float) -> Rejected:
+    return Rejected(
+        "session_expiring",
+        f"Your session will hit the maximum duration of {minutes} minutes in {seconds_left:.0f} seconds.",
+    )
+
+
+def transcription_failed() -> Rejected:
+    return Rejected("transcription_failed", "Input audio transcription failed.", type=SERVER_ERROR)
+
+
+def response_failed(code: str) -> Rejected:
+    return Rejected(code, "The response failed in the model.", type=SERVER_ERROR)
+
+
 def invalid_api_key() -> Rejected:
     """Never quotes the presented key (OpenAI masks it; this server leaves it out)."""
     return Rejected(ErrorCode.INVALID_API_KEY, "Incorrect API key provided.")

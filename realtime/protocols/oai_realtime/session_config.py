@@ -97,6 +97,24 @@ class SemanticVad:
 
 TurnDetection = ServerVad | SemanticVad
 
+# semantic_vad is served as server VAD whose end-of-turn silence follows ``eagerness``: OpenAI's
+# "`low` will wait longer for the user to continue speaking, `high` will respond more quickly.
+# `auto` is the default and is equivalent to `medium`" (its max timeouts 8 s / 4 s / 2 s bound
+# the wait of a semantic model; these silences sit well inside them).
+SEMANTIC_VAD_SILENCE_MS = {"low": 800, "medium": 500, "auto": 500, "high": 250}
+
+
+def as_server_vad(td: TurnDetection) -> ServerVad:
+    """The server VAD a turn detection is served with (``semantic_vad``: the default threshold
+    and padding, the silence its ``eagerness`` asks for)."""
+    if isinstance(td, ServerVad):
+        return td
+    return ServerVad(
+        silence_duration_ms=SEMANTIC_VAD_SILENCE_MS[td.eagerness],
+        create_response=td.create_response,
+        interrupt_response=td.interrupt_response,
+    )
+
 
 @dataclass(frozen=True)
 class Transcription:

@@ -184,6 +184,20 @@ async def test_closed_engine_and_unopened_sessions_are_refused_typed(registry):
         engine.stream("a", 0, 1)
 
 
+async def test_requests_that_end_are_counted_for_the_status_page(make_streaming, registry):
+    """``engine_item_seconds`` counts each request that ran to its end (``/v1/status``), not an
+    aborted one; the stage batches its own forwards, so no batch is observed."""
+    async with make_streaming(FakeStreamStage(step_s=0.001)) as engine:
+        await engine.open("a")
+        await engine.submit("a", 0, 2, request_id="done")
+        aborted = await _started(engine, "a", 0, "aborted")
+        engine.bump_epoch("a", 1)
+        with pytest.raises(StaleEpochError):
+            await aborted.collect()
+    assert metric(registry, "engine_item_seconds_count", stage="stream") == 1
+    assert metric(registry, "engine_batch_size_count", stage="stream") == 0
+
+
 class _GatedStreamStage(StatefulStreamStage):
     """``open_state`` blocks until ``gate`` is set."""
 

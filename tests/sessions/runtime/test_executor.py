@@ -163,3 +163,27 @@ async def test_a_tick_on_a_pipeline_returns_the_head_and_a_tail_that_resolves_la
         assert session.chunk_index == 1 and not result.value.tail.done()  # committed on the head
         assert await result.value.tail == 4
         assert runner.is_open(session.session_id)
+
+
+async def test_side_work_runs_under_the_sessions_id_and_epoch_and_an_interrupt_fences_the_runner():
+    """``Session.submit`` (the voice kind's VAD and ASR) tags work with the session's current
+    epoch; ``Session.interrupt`` fences the executor's runner (older work there is stale)."""
+    stage, side = RecordingStage(delay_s=0.2), RecordingStage()
+    side_engine = StageEngine(side, registry=CollectorRegistry(), coalesce_window_s=0.0)
+    async with session_on(lambda r: StageEngine(stage, registry=r, coalesce_window_s=0.0)) as (
+        session,
+        engine,
+    ):
+        await side_engine.open(session.session_id)
+        assert await session.submit(side_engine, 5) == 10
+        tick = asyncio.create_task(session.next_tick(1))
+        await wait_until(lambda: stage.items)
+        session.interrupt()
+        with pytest.raises(TickSupersededError):
+            await tick
+        assert engine.epoch(session.session_id) == session.epoch == 1  # the runner was fenced
+        assert await session.submit(side_engine, 6) == 12
+        assert [i[0].epoch for i in side.items] == [0, 1]
+        await session.reset()
+        await session.submit(side_engine, 7)  # side work goes on while the session lives
+        await side_engine.close()

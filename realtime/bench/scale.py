@@ -1,0 +1,212 @@
+"""``realtime bench scale``: robot sessions through Ray Serve's proxy vs direct to one server, and
+two replicas vs one at the same offered load, side by side in one run, on CPU replicas.
+
+One local Ray instance (``realtime.scale.launch``: the same app ``realtime serve --replicas``
+runs, robot kind only) and one single-process ``realtime serve`` beside it, both on loopback;
+clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this process.
+
+(a) The proxy's cost: one robot, the trivial ``zeros`` policy (LIBERO observations), blocks of
+    requests alternating between the single server and the proxy with one replica.
+    ``proxy_added_p50_ms`` = proxy p50 round trip - direct p50 (goal <= 1.0).
+(b) Replicas: ``--clients`` robots (closed loop: each sends its next observation when its
+    actions arrive) with the embedded ``pi0-tiny`` policy for ``--seconds``, through the proxy with
+    one replica, then two (the same app scaled up, the same clients and load), and direct to the
+    single server for reference. ``throughput_ratio_2_vs_1`` = chunks/s with two / with one (goal
+    >= 1.8 where each replica has its own cores or GPU: on a machine with fewer cores than
+    replicas x ``--threads`` it cannot be, and the table says how many cores there were).
+(c) Losing a replica: the two-replica run's robots stay connected, one replica's process is
+    killed; ``lost_sessions`` counts the robots whose socket closed (1012 from the proxy), and the
+    others must go on being served. ``resume_after_loss_ms`` is ``null``: no kind resumes on
+    another replica yet (phase 2 of docs/scaling.md).
+
+``--device cuda`` gives each replica one GPU (``replicas.num_gpus: 1``; two GPUs for (b)) and the
+single server the first one: on the 2-GPU device machine, ``realtime bench scale --device cuda
+--policy pi0-shaped --threads 4 --cpus-per-replica 4`` measures the ratio where each replica has
+its own GPU. Needs the ``ray`` extra (``pip install -e '.[ray]'``) and ``openpi-client``.
+The last line is JSON: ``proxy_added_p50_ms``, ``throughput_ratio_2_vs_1``,
+``resume_after_loss_ms``, ``lost_sessions``, plus the raw figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+from realtime.bench import examples
+from realtime.bench.goals import goal_note
+from realtime.bench.robot import _client, ours, overhead, throughput
+from realtime.config import config_from_mapping
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ms(values: list[float], q: float) -> float:
+    return round(statistics.quantiles(values, n=100)[int(q) - 1] * 1000, 2) if len(values) > 1 else 0.0
+
+
+def replica_config(policy: str, args: argparse.Namespace) -> Any:
+    robot = {"policy": policy, "torch_threads": args.threads, "idle_timeout_s": 0, "device": args.device}
+    return config_from_mapping(
+        {
+            "server": {"log_level": "warning", "shutdown_timeout_s": 5},
+            "robot": {"enabled": True, **robot},
+            "world": {"enabled": False},
+            "replicas": {
+                "num_cpus": args.cpus_per_replica,
+                "num_gpus": 1.0 if args.device == "cuda" else 0.0,
+                "stats_period_s": 0.5,
+                "object_store_bytes": 100_000_000,
+            },
+        }
+    )
+
+
+@contextlib.contextmanager
+def serve_app(config: Any, replicas: int, port: int) -> Iterator[str]:
+    """The robot app on Serve with ``replicas`` replicas, ready; yields the proxy's ws:// URL."""
+    from realtime.scale.launch import deploy, undeploy, wait_ready
+
+    url = deploy(config, replicas, "127.0.0.1", port)
+    failure = wait_ready(url, replicas, threading.Event())
+    if failure is not None:
+        raise RuntimeError(f"replicas did not start: {failure}")
+    try:
+        yield url.replace("http://", "ws://")
+    finally:
+        undeploy(config)
+
+
+def scale_to(config: Any, replicas: int, url: str) -> None:
+    from realtime.scale.launch import deploy, wait_ready
+
+    port = int(url.rsplit(":", 1)[1])
+    deploy(config, replicas, "127.0.0.1", port)
+    http = url.replace("ws://", "http://")
+    failure = wait_ready(http, replicas, threading.Event())
+    if failure is not None:
+        raise RuntimeError(f"replicas did not start: {failure}")
+
+
+def status(url: str) -> dict:
+    with urllib.request.urlopen(url.replace("ws://", "http://") + "/v1/status", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def replica_loss(url: str, clients: int) -> tuple[int, int, int]:
+    """(c): ``clients`` robots over two replicas, one replica killed: (lost, served after, total)."""
+    robots = [_client(url) for _ in range(clients)]
+    obs = examples.libero(0)
+    for robot in robots:
+        robot.infer(obs)
+    victim = status(url)["replicas"][0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    time.sleep(2.0)
+    lost = served = 0
+    for robot in robots:
+        try:
+            robot.infer(obs)
+            served += 1
+        except Exception:  # noqa: BLE001 - closed by the proxy (1012): its replica is gone
+            lost += 1
+        with contextlib.suppress(Exception):
+            robot.close()
+    return lost, served, clients
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="realtime bench scale", description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=200, help="(a): round trips per server")
+    p.add_argument("--blocks", type=int, default=10, help="(a): alternating blocks")
+    p.add_argument("--clients", type=int, default=8, help="(b), (c): concurrent robots")
+    p.add_argument("--seconds", type=float, default=10.0, help="(b): seconds per measurement")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per server and replica")
+    p.add_argument("--policy", default="pi0-tiny", help="(b), (c): the policy (pi0-shaped on a GPU)")
+    p.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="robot.device; cuda: one GPU per replica"
+    )
+    p.add_argument("--cpus-per-replica", type=float, default=0.5, help="replicas.num_cpus")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            print(
+                f"bench scale --device cuda: needs 2 CUDA devices, found {torch.cuda.device_count()}; skipped"
+            )
+            return 0
+    try:
+        import ray
+
+        from realtime.scale.launch import start_ray
+    except ImportError:
+        print("bench scale needs Ray Serve: pip install -e '.[ray]'", file=sys.stderr)
+        return 2
+    cores, load = os.cpu_count() or 1, os.getloadavg()
+    zeros, model = replica_config("zeros", args), replica_config(args.policy, args)
+    direct_robot = {"device": args.device}
+    port = _free_port()
+    start_ray(model, 2, None)
+    results: dict[str, Any] = {}
+    try:
+        with ours("zeros", args.threads, direct_robot) as direct, serve_app(zeros, 1, port) as proxied:
+            samples = overhead(proxied, direct, examples.libero(0), args.requests, args.blocks)
+        direct_p50, proxy_p50 = _ms(samples["peer"], 50), _ms(samples["ours"], 50)
+        print(
+            f"(a) zeros policy, LIBERO, one robot: direct p50 {direct_p50} ms, through the proxy {proxy_p50} ms"
+        )
+        runs = {}
+        with ours(args.policy, args.threads, direct_robot) as direct:
+            runs["direct"] = throughput(direct, args.clients, args.seconds)
+        with serve_app(model, 1, port) as proxied:
+            runs["1 replica"] = throughput(proxied, args.clients, args.seconds)
+            scale_to(model, 2, proxied)
+            runs["2 replicas"] = throughput(proxied, args.clients, args.seconds)
+            lost, served, total = replica_loss(proxied, args.clients)
+    finally:
+        ray.shutdown()
+    where = f"{cores} cores" + (", one GPU per replica" if args.device == "cuda" else "")
+    print(f"(b) {args.policy}, {args.clients} robots closed loop, {args.seconds:g} s each, {where}:")
+    print("    server        chunks/s   p50 ms   p99 ms")
+    for name, (rate, latencies, _) in runs.items():
+        print(f"    {name:<12} {rate:9.1f} {_ms(latencies, 50):8.1f} {_ms(latencies, 99):8.1f}")
+    print(
+        f"(c) one of two replicas killed: {lost} of {total} robots lost their session (1012), {served} served on"
+    )
+    rate_1, rate_2 = runs["1 replica"][0], runs["2 replicas"][0]
+    results = {
+        "proxy_added_p50_ms": round(proxy_p50 - direct_p50, 2),
+        "throughput_ratio_2_vs_1": round(rate_2 / rate_1, 3) if rate_1 else None,
+        "resume_after_loss_ms": None,
+        "lost_sessions": lost,
+        "direct_p50_ms": direct_p50,
+        "proxy_p50_ms": proxy_p50,
+        "chunks_per_s": {name: round(rate, 1) for name, (rate, _, _) in runs.items()},
+        "p99_ms": {name: _ms(latencies, 99) for name, (_, latencies, _) in runs.items()},
+        "served_after_loss": served,
+        "clients": args.clients,
+        "cores": cores,
+        "load_avg_at_start": [round(x, 2) for x in load],
+    }
+    for key in ("proxy_added_p50_ms", "throughput_ratio_2_vs_1", "resume_after_loss_ms", "lost_sessions"):
+        print(f"{key}: {results[key]}{goal_note('scale', key)}")
+    print(json.dumps(results))
+    return 0

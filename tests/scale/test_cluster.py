@@ -1,0 +1,210 @@
+"""``realtime serve --replicas 2`` on a local Ray instance over loopback (``conftest.cluster``):
+unmodified clients of every kind spread across both replicas, a reconnect naming its session
+reaches the replica that owns it, a full replica sends new sessions to the other, one view of
+the cluster, and losing a replica fails only its sessions, with close 1012. The tests run in
+this order on one cluster; the last one kills a replica."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+
+import httpx
+import pytest
+import websockets
+from openai import AsyncOpenAI
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+from clients.world_client import WorldClient
+from realtime.bench import examples
+from realtime.scale.proxy import LOST_CODE, LOST_REASON
+from sessions.identities import session_replica_tag
+
+pytestmark = pytest.mark.timeout(600)
+KINDS = ("robot", "world", "voice", "duplex")
+
+
+async def duplex(cluster, query: str = "") -> tuple[websockets.ClientConnection, dict]:
+    ws = await websockets.connect(f"{cluster.ws}/v1/duplex{query}", max_size=None)
+    return ws, json.loads(await ws.recv())
+
+
+async def world_session(cluster, query: str = "") -> str:
+    """A world session started and left (the project's protocol, as ``WorldClient`` speaks it)."""
+    url = f"{cluster.ws}/v1/realtime/world?protocol_version=1{query}"
+    async with websockets.connect(url) as ws:
+        await ws.send(json.dumps({"type": "session.start", "prompt": "stone", "pacing": "fast"}))
+        return (await until(ws, "session.created"))["session_id"]
+
+
+async def until(ws, *types: str) -> dict:
+    while True:
+        event = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        if event["type"] in types:
+            return event
+
+
+def no_duplex_sessions(cluster) -> bool:
+    return sum(cluster.occupied("duplex").values()) == 0
+
+
+async def test_one_view_of_both_replicas(cluster):
+    status = cluster.status()
+    replicas = status["replicas"]
+    assert len(replicas) == 2 and all(r["reachable"] and r["ready"] for r in replicas)
+    assert status["ready"] is True and {k["kind"] for k in status["kinds"]} == set(KINDS)
+    for kind in status["kinds"]:  # summed: each replica's capacity counts
+        assert kind["capacity"] == sum(
+            next(k["capacity"] for k in r["kinds"] if k["kind"] == kind["kind"]) for r in replicas
+        )
+    duplex_total = next(k for k in status["kinds"] if k["kind"] == "duplex")
+    assert duplex_total["capacity"] == 4 and duplex_total["free"] == 4
+    tags = sorted(r["replica"] for r in replicas)
+    models = httpx.get(f"{cluster.url}/v1/models").json()
+    assert all(sorted(m["replicas"]) == tags for m in models["data"])
+    metrics = httpx.get(f"{cluster.url}/metrics").text
+    for tag in tags:
+        assert f'realtime_replica_up{{replica="{tag}"}} 1.0' in metrics
+        assert f'realtime_ready{{replica="{tag}"}} 1.0' in metrics
+    assert httpx.get(f"{cluster.url}/readyz").status_code == 200
+
+
+async def test_unmodified_clients_of_every_kind_spread_across_both_replicas(cluster):
+    async with contextlib.AsyncExitStack() as stack:
+        robots = [await asyncio.to_thread(WebsocketClientPolicy, cluster.ws) for _ in range(2)]
+        for robot in robots:
+            stack.callback(robot._ws.close)  # openpi-client 0.1.2 has no close of its own
+            actions = (await asyncio.to_thread(robot.infer, examples.libero()))["actions"]
+            assert actions.ndim == 2 and actions.shape[0] == 50  # an action chunk
+        worlds = [
+            await stack.enter_async_context(
+                WorldClient.connect(cluster.ws, prompt="stone", seed=i, pacing="fast")
+            )
+            for i in range(2)
+        ]
+        for world in worlds:
+            assert session_replica_tag(world.session_id) is not None
+            chunk = await asyncio.wait_for(anext(world.frames()), 60)
+            assert chunk.frames and chunk.metadata["chunk_index"] == 0
+        openai = AsyncOpenAI(websocket_base_url=f"{cluster.ws}/v1", api_key="unused")
+        for _ in range(2):
+            conn = await stack.enter_async_context(openai.realtime.connect(model="gpt-realtime"))
+            event = await asyncio.wait_for(conn.recv(), 30)
+            assert event.type == "session.created"
+        for _ in range(2):
+            ws, created = await duplex(cluster)
+            stack.push_async_callback(ws.close)
+            assert created["type"] == "session.created"
+        occupied = {kind: cluster.occupied(kind) for kind in KINDS}
+        assert all(sorted(per_replica.values()) == [1, 1] for per_replica in occupied.values()), occupied
+    cluster.wait_for(lambda: no_duplex_sessions(cluster), 30, "duplex sessions released after their grace")
+
+
+async def test_a_reconnect_naming_its_session_reaches_the_replica_that_owns_it(cluster):
+    sessions = []
+    for _ in range(2):  # one per replica
+        ws, created = await duplex(cluster)
+        sessions.append((created["session"]["id"], created["resume_token"]))
+        await ws.close()
+    assert {session_replica_tag(sid) for sid, _ in sessions} == set(cluster.occupied("duplex"))
+    for sid, token in sessions:
+        ws = await websockets.connect(f"{cluster.ws}/v1/duplex?autostart=0&session_id={sid}")
+        await ws.send(json.dumps({"type": "session.resume", "session_id": sid, "resume_token": token}))
+        resumed = await until(ws, "session.resumed", "error")
+        assert resumed["type"] == "session.resumed" and resumed["session_id"] == sid, resumed
+        await ws.close()
+    for _ in range(3):  # a world socket naming a world session is placed on that session's replica
+        owned = await world_session(cluster)
+        again = await world_session(cluster, f"&session_id={owned}")
+        assert session_replica_tag(again) == session_replica_tag(owned)
+    cluster.wait_for(lambda: no_duplex_sessions(cluster), 30, "duplex sessions released")
+
+
+async def test_an_in_band_resume_on_the_wrong_replica_names_the_fix(cluster):
+    ws, created = await duplex(cluster)
+    sid, token = created["session"]["id"], created["resume_token"]
+    await ws.close()
+    for _ in range(6):  # an unnamed socket goes to the least loaded replica: the other one
+        other = await websockets.connect(f"{cluster.ws}/v1/duplex?autostart=0")
+        await other.send(json.dumps({"type": "session.resume", "session_id": sid, "resume_token": token}))
+        answer = await until(other, "session.resumed", "error")
+        await other.close()
+        if answer["type"] == "error":
+            break
+        token = answer["resume_token"]  # it happened to reach the owner: try again
+    assert answer["error"]["code"] == "session_not_found" and "?session_id=" in answer["error"]["message"]
+    cluster.wait_for(lambda: no_duplex_sessions(cluster), 30, "duplex sessions released")
+
+
+async def test_a_full_replica_sends_new_sessions_to_the_other_and_a_full_cluster_says_so(cluster):
+    async with contextlib.AsyncExitStack() as stack:
+        ws, first = await duplex(cluster)
+        stack.push_async_callback(ws.close)
+        full = session_replica_tag(first["session"]["id"])
+        # a socket naming a session goes to that session's replica: it fills that one (2 of 2)
+        ws, second = await duplex(cluster, f"?session_id={first['session']['id']}")
+        stack.push_async_callback(ws.close)
+        assert session_replica_tag(second["session"]["id"]) == full
+        for _ in range(2):  # new sessions: the other replica, until it is full too
+            ws, created = await duplex(cluster)
+            stack.push_async_callback(ws.close)
+            assert created["type"] == "session.created", created
+            assert session_replica_tag(created["session"]["id"]) != full
+        ws, refused = await duplex(cluster)
+        stack.push_async_callback(ws.close)
+        assert refused["type"] == "error" and refused["error"]["code"] == "session_limit_reached"
+        assert sorted(cluster.occupied("duplex").values()) == [2, 2]
+    cluster.wait_for(lambda: no_duplex_sessions(cluster), 30, "duplex sessions released")
+
+
+async def watch(ws) -> tuple[int | None, str | None]:
+    with contextlib.suppress(websockets.ConnectionClosed):
+        while True:
+            await ws.recv()
+    return ws.close_code, ws.close_reason
+
+
+async def test_losing_a_replica_fails_only_its_sessions_with_1012(cluster):
+    sockets = []
+    for _ in range(4):  # two per replica
+        ws, created = await duplex(cluster)
+        sockets.append((ws, created["session"]["id"]))
+    robots = [await asyncio.to_thread(WebsocketClientPolicy, cluster.ws) for _ in range(2)]
+    status = cluster.status()
+    victim = status["replicas"][0]
+    watchers = {sid: asyncio.create_task(watch(ws)) for ws, sid in sockets}
+    os.kill(victim["pid"], signal.SIGKILL)
+    lost = [sid for _, sid in sockets if session_replica_tag(sid) == victim["replica"]]
+    kept = [sid for _, sid in sockets if sid not in lost]
+    assert len(lost) == len(kept) == 2
+    for sid in lost:
+        assert await asyncio.wait_for(watchers[sid], 30) == (LOST_CODE, LOST_REASON)
+    await asyncio.sleep(1.0)
+    assert not any(watchers[sid].done() for sid in kept), "the other replica's sessions go on"
+    served = 0
+    for robot in robots:  # one robot was on the lost replica; its socket is closed
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(robot.infer, examples.libero())
+            served += 1
+    assert served == 1
+    # a reconnect naming a lost session fails fast and typed
+    ws = await websockets.connect(f"{cluster.ws}/v1/duplex?autostart=0&session_id={lost[0]}")
+    assert await asyncio.wait_for(watch(ws), 30) == (
+        1008,
+        f"session_not_found: {lost[0]} (its replica is gone)",
+    )
+    for ws, _ in sockets:
+        await ws.close()
+    for robot in robots:
+        with contextlib.suppress(Exception):
+            robot._ws.close()
+    # Serve replaces the replica; the view shows two ready replicas again, one of them new
+    cluster.wait_for(
+        lambda: sum(1 for r in cluster.status()["replicas"] if r.get("ready")) == 2,
+        300,
+        "a replacement replica",
+    )
+    assert victim["replica"] not in {r["replica"] for r in cluster.status()["replicas"]}
