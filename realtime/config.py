@@ -355,12 +355,45 @@ class VoiceConfig:
 
 
 @dataclass(frozen=True)
+class DuplexCascadeConfig:
+    """The ``duplex-cascade`` model (``models/duplex/cascade.py``): turn-taking thresholds
+    (``models/duplex/turns.py``) and the reply's LLM settings."""
+
+    vad_threshold: Annotated[float, _in_range(0, 1, low_open=True)] = 0.5
+    pause_ms: Annotated[int, _in_range(32, 10_000)] = 160
+    end_silence_ms: Annotated[int, _in_range(32, 10_000)] = 480
+    max_silence_ms: Annotated[int, _in_range(32, 10_000)] = 1200
+    max_utterance_ms: Annotated[int, _in_range(1000, 120_000)] = 30_000
+    partial_ms: NonNegativeInt = 1000  # 0: no streaming transcript (only at pauses)
+    backchannel: bool = False
+    backchannel_after_ms: NonNegativeInt = 4000
+    backchannel_every_ms: NonNegativeInt = 8000
+    max_output_tokens: PositiveInt = 96
+    temperature: NonNegativeFloat = 0.0
+    llm_context_tokens: Annotated[int, _in_range(256, 8192)] = 1024
+    llm_workers: PositiveInt = 2
+    first_clause_words: NonNegativeInt = 4
+    max_lead_s: PositiveFloat = 4.0
+    max_history_messages: PositiveInt = 32
+    asr_max_batch: PositiveInt = 8
+
+    def validate(self, path: str) -> None:
+        if not self.pause_ms <= self.end_silence_ms <= self.max_silence_ms:
+            raise _FieldError(
+                f"{path}.end_silence_ms",
+                f"must lie in pause_ms..max_silence_ms ({self.pause_ms}..{self.max_silence_ms})",
+            )
+
+
+@dataclass(frozen=True)
 class DuplexConfig:
     """Full-duplex voice sessions (``/v1/duplex``, ``/v1/realtime?mode=duplex``): one frame-clocked
     speech model steps every session together each 80 ms (docs/protocols/duplex.md)."""
 
     enabled: bool = False
-    model: Literal["duplex-small", "duplex-test", "moshi-7b-shaped", "moshi-test", "moshi"] = "duplex-small"
+    model: Literal[
+        "duplex-cascade", "duplex-small", "duplex-test", "moshi-7b-shaped", "moshi-test", "moshi"
+    ] = "duplex-cascade"
     weights: str | None = None  # model "moshi": a local folder with Moshi's weight files
     device: str = "cpu"
     seed: int = 0
@@ -382,10 +415,13 @@ class DuplexConfig:
     cuda_graphs: bool = True  # embedded models on CUDA: replay the LM step from CUDA graphs
     opus: bool = True
     opus_bitrate: Annotated[int, _in_range(6000, 510_000)] = 24_000
+    cascade: DuplexCascadeConfig = field(default_factory=DuplexCascadeConfig)
 
     def validate(self, path: str) -> None:
         if self.model == "moshi" and not self.weights:
             raise _FieldError(f"{path}.weights", "model 'moshi' needs a local folder of Moshi weights")
+        if self.model == "duplex-cascade" and self.device != "cpu":
+            raise _FieldError(f"{path}.device", "model 'duplex-cascade' runs on the CPU (device: cpu)")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -398,8 +398,22 @@ class TransformersLlmStage:
             self._stops.pop(item.request_id, None)
 
     def _generate(self, session_id: str, request: ChatRequest, stop: threading.Event, put) -> None:
-        """The worker thread: generate (each step through the gate, paced), split clauses, hand
-        every chunk to the loop."""
+        """The worker thread: every chunk of :meth:`reply_chunks` handed to the loop, then the end."""
+        try:
+            for chunk in self.reply_chunks(session_id, request, stop):
+                put(chunk)
+        except BaseException as exc:
+            put(exc)
+        finally:
+            put(_END)
+
+    def reply_chunks(
+        self, session_id: str, request: ChatRequest, stop: threading.Event
+    ) -> Iterator[TextChunk]:
+        """One reply's chunks, generated on the caller's thread: each model step through the gate,
+        paced, clauses split. ``stream`` runs it on the stage's pool; a caller without an event
+        loop (the duplex cascade's reply workers) iterates it directly. Setting ``stop`` ends it
+        at the next step (no final chunk then); one conversation runs one reply at a time."""
         pace = ReplyPace(self.pacing, request.playback if request.speak else None, stop)
         try:
             pieces = self.chat.generate(
@@ -422,18 +436,15 @@ class TransformersLlmStage:
                 chunk = reply.push(piece)
                 pace.emitted(chunk.clauses)
                 self.gate.update(pace)
-                put(chunk)
+                yield chunk
                 if reply.complete:
                     pieces.close()  # a forced call is done: nothing after it is wanted
                     break
             if stop.is_set():
                 return
-            put(reply.finish(self.chat.last_usage(session_id)))
-        except BaseException as exc:
-            put(exc)
+            yield reply.finish(self.chat.last_usage(session_id))
         finally:
             self.gate.finish(pace)
-            put(_END)
 
 
 # ------------------------------------------------------------------------------------- TTS

@@ -215,6 +215,15 @@ class TurnDetector:
     def position_ms(self) -> int:
         return self._frames_seen * FRAME_MS
 
+    @property
+    def silence_ms(self) -> int:
+        """The silence since the utterance's last speech frame (0 while speaking or idle)."""
+        return self._silent_run * FRAME_MS if self._utterance else 0
+
+    def audio(self) -> np.ndarray:
+        """The utterance so far (16 kHz float32, prefix padding included; empty while idle)."""
+        return np.concatenate(self._utterance) if self._utterance else np.zeros(0, np.float32)
+
     def push(
         self, frame: np.ndarray, probability: float
     ) -> SpeechStarted | SpeechPaused | SpeechStopped | None:

@@ -3,6 +3,7 @@ carries a step's typed error to the frame clock."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,19 @@ from realtime.kinds.duplex_session import StepFailed
 
 
 def build_stage(config: DuplexConfig, slots: int, capture: bool = True) -> Any:
-    """The model ``config.model`` names as a duplex stage of ``slots`` slots: the embedded model
-    (random weights from ``seed``; its step replayed from CUDA graphs on CUDA when
-    ``config.cuda_graphs`` and ``capture``), Moshi's tiny random test config, or Moshi from the
-    local folder ``config.weights`` (``model.safetensors``, ``tokenizer-*.safetensors`` (Mimi),
-    ``tokenizer_spm_*.model``)."""
+    """The model ``config.model`` names as a duplex stage of ``slots`` slots: the cascade that
+    converses (``duplex-cascade``: the offline voice parts, loaded once per process), the
+    Moshi-architecture model (random weights from ``seed``; its step replayed from CUDA graphs on
+    CUDA when ``config.cuda_graphs`` and ``capture``), Moshi's tiny random test config, or Moshi
+    from the local folder ``config.weights`` (``model.safetensors``, ``tokenizer-*.safetensors``
+    (Mimi), ``tokenizer_spm_*.model``)."""
+    if config.model == "duplex-cascade":
+        from models.duplex.cascade import CascadeStage, load_parts
+
+        c = config.cascade
+        return CascadeStage(
+            load_parts(c.llm_context_tokens, config.max_sessions), slots, cascade_settings(config)
+        )
     if config.model in ("moshi-test", "moshi"):
         from models.duplex.moshi_adapter import SMALL_LM_KWARGS, SMALL_MIMI_CONFIG, MoshiDuplexStage
 
@@ -43,6 +52,18 @@ def build_stage(config: DuplexConfig, slots: int, capture: bool = True) -> Any:
 
     mode = None if config.cuda_graphs and capture else "eager"
     return build_duplex_stage(CONFIGS[config.model], config.device, slots, config.seed, step_mode=mode)
+
+
+def cascade_settings(config: DuplexConfig) -> Any:
+    """``duplex.cascade`` (and ``duplex.barge_in_ms``) as the cascade's settings, field by field
+    (the names match; a field missing on either side fails here, at load)."""
+    from models.duplex.cascade import CascadeSettings
+    from models.duplex.turns import TurnRules
+
+    c = config.cascade
+    rules = {f.name: getattr(c, f.name) for f in dataclasses.fields(TurnRules) if f.name != "barge_in_ms"}
+    settings = {f.name: getattr(c, f.name) for f in dataclasses.fields(CascadeSettings) if f.name != "rules"}
+    return CascadeSettings(rules=TurnRules(barge_in_ms=config.barge_in_ms, **rules), **settings)
 
 
 def per_session_bytes(config: DuplexConfig) -> int:
