@@ -3,7 +3,9 @@
 Routes:
 - ``GET /healthz`` -> 200 ``OK\\n`` always (liveness; answers while a model forward runs, since
   forwards run on worker threads, never on the event loop).
-- ``GET /readyz`` -> 503 until every enabled session kind loaded and warmed its models, then 200;
+- ``GET /readyz`` -> 503 for good once a stage's worker thread died
+  (``sessions.engine.worker.dead_workers``); else 503 until every enabled session kind loaded
+  and warmed its models, then 200;
   its body names each unavailable kind (below) with the reason; 503 when every kind is unavailable.
 - ``GET /metrics`` -> Prometheus text format from this app's own registry.
 - ``GET /v1/models`` -> served models and session kinds (OpenAI-style ``{"object": "list"}``,
@@ -82,6 +84,7 @@ from realtime.kinds.base import ServerContext, SessionKindService
 from realtime.progress import LoadCancelled, LoadProgress, quiet_library_progress_bars
 from realtime.status import app_status
 from realtime.ws import CloseCode, close_quietly, close_reason
+from sessions.engine.worker import dead_workers
 
 log = logging.getLogger("realtime.app")
 
@@ -382,6 +385,12 @@ def create_app(config: DeployConfig, routes_first: Sequence[BaseRoute] = ()) -> 
 
     async def readyz(_: Request) -> Response:
         notes = "".join(f"unavailable: {k}: {why}\n" for k, why in state.unavailable.items())
+        dead = dead_workers()
+        if dead:  # a stage's worker thread died: its sessions fail, nothing new should come here
+            ready_gauge.set(0)
+            return PlainTextResponse(
+                f"not ready: stage worker died: {', '.join(dead)}\n" + notes, status_code=503
+            )
         if state.ready and (state.serving_kinds() or not state.kinds):
             return PlainTextResponse("ready\n" + notes)
         if state.ready:

@@ -193,6 +193,11 @@ class RobotConfig:
         )
 
 
+# world.model names served from a checkpoint (models.world.configs.CHECKPOINT_MODELS; a test keeps
+# them equal): named here so that loading any other config imports no torch
+WORLD_CHECKPOINT_MODELS = ("self-forcing", "causvid")
+
+
 @dataclass(frozen=True)
 class WorldConfig:
     """AR-diffusion world sessions."""
@@ -247,18 +252,18 @@ class WorldConfig:
     def _validate_checkpoint_files(self, path: str) -> None:
         """A checkpoint model's files are read and checked here (headers only, memory-mapped: no
         weights, no GPU memory), so a missing or malformed file fails the config load (exit 2)."""
-        from models.world.configs import CHECKPOINT_MODELS
-
         files = {n: getattr(self, n) for n in ("checkpoint", "vae", "text_encoder", "prompt_embeddings")}
-        cfg = CHECKPOINT_MODELS.get(self.model)
-        if cfg is None:
+        if self.model not in WORLD_CHECKPOINT_MODELS:
             for name, value in files.items():
                 if value:
                     raise _FieldError(
                         f"{path}.{name}",
-                        f"applies to world.model {' or '.join(CHECKPOINT_MODELS)} (model is {self.model!r})",
+                        f"applies to world.model {' or '.join(WORLD_CHECKPOINT_MODELS)} (model is {self.model!r})",
                     )
             return
+        from models.world.configs import CHECKPOINT_MODELS  # torch: only for a checkpoint model
+
+        cfg = CHECKPOINT_MODELS[self.model]
         if self.weights:
             raise _FieldError(f"{path}.weights", f"model {self.model!r} loads world.checkpoint, not weights")
         needed = ("checkpoint", "vae") if cfg.vae == "wan2.1" else ("checkpoint",)

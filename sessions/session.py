@@ -157,7 +157,8 @@ class Session:
         self._pending: dict[int, SessionEvent] = {}
         self._prompt: str | None = None
         self._controls: dict[str, ControlInput] = {}
-        self._ticking: asyncio.Future | None = None  # a tick (or a reset) runs; done when it ends
+        self._ticking = False  # a tick (or a reset) runs
+        self._tick_end: asyncio.Future | None = None  # a reset waiting for the tick it cut to end
         self._tick_task: asyncio.Task | None = None  # the task awaiting the executor, while it does
         self._cutting = False  # reset/close cancelled that task; the tick undoes it (superseded)
         self._tick_done: asyncio.Future | None = None  # a close waiting for the executor call to end
@@ -341,15 +342,16 @@ class Session:
             raise TickSupersededError(
                 "tick was dropped before it ran: the session was interrupted, reset or closed after it was requested"
             )
-        if self._ticking is not None:
+        if self._ticking:
             self._tick_finished("rejected", TickInFlightError.code)
             raise TickInFlightError(f"session {self.session_id} already runs a tick")
-        self._ticking = asyncio.get_running_loop().create_future()
+        self._ticking = True
 
     def _end_tick(self) -> None:
-        done, self._ticking = self._ticking, None
-        if done is not None and not done.done():
-            done.set_result(None)
+        self._ticking = False
+        waiter, self._tick_end = self._tick_end, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def submit(self, runner: StageRunner, payload: Any) -> Awaitable[Any]:
         """Side work of the session outside its ticks (the voice kind's VAD and ASR): ``payload``
@@ -513,10 +515,12 @@ class Session:
         self._require_resettable()
         self._epoch += 1
         self._cut_tick()
-        while self._ticking is not None:  # the cut tick (or another reset) unwinds first
-            await asyncio.shield(self._ticking)
+        while self._ticking:  # the cut tick (or another reset) unwinds first
+            if self._tick_end is None:
+                self._tick_end = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._tick_end)
         self._require_resettable()
-        self._ticking = asyncio.get_running_loop().create_future()  # no tick runs while it resets
+        self._ticking = True  # no tick runs while it resets
         try:
             if self._pending:
                 self._floor = max(self._floor, max(self._pending))
@@ -551,7 +555,7 @@ class Session:
         Returns whether a tick was in flight.
         """
         self._require_resettable()
-        ticking = self._ticking is not None
+        ticking = self._ticking
         self._epoch += 1
         self._cut_tick()
         self._executor.fence(self.session_id, self._epoch)

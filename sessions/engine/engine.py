@@ -53,13 +53,11 @@ from sessions.engine.errors import (
     StageItemError,
 )
 from sessions.engine.metrics import BatchMetrics
-from sessions.engine.runner import EngineBase, check_stall_timeout
+from sessions.engine.runner import EngineBase
 from sessions.engine.scheduler import Scheduler, SessionQueue, StreamSink, Work
 from sessions.engine.slots import Slot
 from sessions.engine.streams import ChunkStream
 from sessions.engine.worker import BatchFailure, DeviceWorker, isolated_forward
-
-__all__ = ["StageEngine", "check_stall_timeout"]
 
 log = logging.getLogger("sessions.engine")
 

@@ -28,6 +28,12 @@ class EngineClosedError(EngineError):
     code = "engine_closed"
 
 
+class StageWorkerDiedError(EngineClosedError):
+    """A stage's worker thread died (not closed): its work in hand, queued and new fails with this."""
+
+    code = "stage_worker_died"
+
+
 class SessionNotOpenError(EngineError):
     """Work was submitted for a session that has no open slot on this engine."""
 

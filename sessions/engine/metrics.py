@@ -175,8 +175,8 @@ class StageMetrics:
 
 
 class BatchMetrics(StageMetrics):
-    """A batched engine's series: those of every engine plus batch sizes, forward and item
-    latencies, batch failures and the queue depth."""
+    """A batched engine's series: those of every engine plus batch sizes, forward latencies,
+    batch failures and the queue depth."""
 
     def __init__(self, registry: CollectorRegistry, stage: str) -> None:
         super().__init__(registry, stage)

@@ -5,6 +5,12 @@ Hand-off cost matters (it sits on every tick's round trip): a job is one ``Simpl
 ``loop.call_soon_threadsafe``. ``post(fn, args, on_done)`` calls ``on_done(result, error)`` on
 the loop with nothing in between; ``await run(fn, *args)`` wraps it in a future.
 
+A job's exception goes back to its caller; the thread itself never stops for one. Should the
+thread die anyway (an exception outside any job: an asynchronous exception, an interpreter
+fault), the job in hand and every queued and later one fail with
+:class:`~sessions.engine.errors.StageWorkerDiedError` (nothing waits forever) and
+:func:`dead_workers` names it, so readiness can report it (``/readyz`` answers 503).
+
 Jobs run one at a time in submission order, so slot initialisation and release are serialized
 with forwards. A batched engine's forward job is :func:`isolated_forward`: batch isolation by
 bisecting a forward that raised, on this thread. On a CUDA device the thread owns its own CUDA stream; every job runs under that
@@ -17,17 +23,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import itertools
+import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from models.stage import BatchedStage, StageItem
-from sessions.engine.errors import EngineClosedError, EngineError
+from sessions.engine.errors import EngineClosedError, EngineError, StageWorkerDiedError
 
 Done = Callable[[Any, BaseException | None], None]
+log = logging.getLogger("sessions.engine.worker")
+_WORKERS: weakref.WeakSet[DeviceWorker] = weakref.WeakSet()
+
+
+def dead_workers() -> list[str]:
+    """The thread names of this process's workers whose thread died (closed ones are not dead)."""
+    return sorted(worker.thread.name for worker in list(_WORKERS) if worker.died is not None)
 
 
 def _resolver(fut: asyncio.Future) -> Done:
@@ -49,7 +66,14 @@ class DeviceWorker:
         self.device = device
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        self.died: BaseException | None = None  # what ended the thread, if it died
+        # Jobs posted and not yet answered, by ticket; touched on the event loop only. A thread
+        # that dies fails them all from there: none is lost, whatever it was doing at the time.
+        self._outstanding: dict[int, Done] = {}
+        self._tickets = itertools.count()
+        self._loop_of_jobs: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._loop, name=name or f"stage-worker-{device}", daemon=True)
+        _WORKERS.add(self)
         self._thread.start()
 
     @property
@@ -69,6 +93,24 @@ class DeviceWorker:
         return torch.cuda.stream(stream), stream
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # the thread itself dies: fail what it holds and will get
+            self.died = exc
+            self._closed = True
+            log.error("stage worker thread died", exc_info=exc, extra={"worker": self._thread.name})
+            error = StageWorkerDiedError(f"stage worker {self._thread.name} died ({type(exc).__name__})")
+            if self._loop_of_jobs is not None:
+                with contextlib.suppress(RuntimeError):  # the loop is gone at interpreter exit
+                    self._loop_of_jobs.call_soon_threadsafe(self._fail_outstanding, error)
+
+    def _fail_outstanding(self, error: BaseException) -> None:
+        """On the loop: every job posted and not answered (in hand, queued) fails with ``error``."""
+        outstanding, self._outstanding = self._outstanding, {}
+        for on_done in outstanding.values():
+            on_done(None, error)
+
+    def _serve(self) -> None:
         try:
             context, stream = self._stream_context()
         except BaseException as exc:  # e.g. no such device: every job fails with it, none hangs
@@ -107,9 +149,19 @@ class DeviceWorker:
 
         Must be called on the event loop thread; raises :class:`EngineClosedError` once closed.
         """
+        if self.died is not None:
+            raise StageWorkerDiedError(f"stage worker {self._thread.name} died ({type(self.died).__name__})")
         if self._closed:
             raise EngineClosedError(f"worker for {self.device} is closed")
-        self._jobs.put((asyncio.get_running_loop(), on_done, fn, args))
+        loop = self._loop_of_jobs = asyncio.get_running_loop()
+        ticket = next(self._tickets)
+        self._outstanding[ticket] = on_done
+        self._jobs.put((loop, functools.partial(self._answer, ticket), fn, args))
+
+    def _answer(self, ticket: int, result: Any, error: BaseException | None) -> None:
+        on_done = self._outstanding.pop(ticket, None)
+        if on_done is not None:  # not already failed by the thread's death
+            on_done(result, error)
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the worker thread and await its result (or exception)."""
@@ -119,6 +171,7 @@ class DeviceWorker:
 
     async def close(self, timeout_s: float = 30.0) -> None:
         """Finish queued jobs, then stop the thread (waits off the event loop)."""
+        _WORKERS.discard(self)  # closed: no longer a live worker, dead or not
         if self._closed:
             return
         self._closed = True

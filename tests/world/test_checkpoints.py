@@ -177,6 +177,12 @@ def test_a_checkpoint_of_another_size_is_refused_by_the_full_size_config(files):
     assert isinstance(read_checkpoint(files[0]), dict)
 
 
+def test_the_config_layer_names_the_checkpoint_models_without_importing_them():
+    from realtime.config import WORLD_CHECKPOINT_MODELS
+
+    assert WORLD_CHECKPOINT_MODELS == tuple(CHECKPOINT_MODELS)
+
+
 def _world(**kw):
     return {"world": {"enabled": True, "model": "self-forcing", **kw}, "robot": {"enabled": False}}
 

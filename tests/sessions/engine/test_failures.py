@@ -117,6 +117,20 @@ async def test_submit_errors_are_typed_and_immediate(make_engine):
         engine.submit("a", 3, 1)
 
 
+async def test_a_newer_epoch_is_made_current_before_the_queue_bound(make_engine):
+    """A submit of a newer epoch drops the older work first: a queue full of stale work takes it."""
+    async with make_engine(RecordingStage(delay_s=0.1), max_pending=1, coalesce_window_s=0.0) as engine:
+        await engine.open("a")
+        running = engine.submit("a", 0, 1)
+        await asyncio.sleep(0.02)  # in flight now; one more fills the queue
+        stale = engine.submit("a", 0, 2)
+        fresh = engine.submit("a", 1, 3)
+        for old in (running, stale):
+            with pytest.raises(StaleEpochError):
+                await old
+        assert await fresh == 6
+
+
 async def test_close_fails_pending_work_and_releases_slots(registry):
     stage = RecordingStage(delay_s=0.2)
     engine = StageEngine(stage, registry=registry, coalesce_window_s=0.0)

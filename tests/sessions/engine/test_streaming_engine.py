@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 
 from sessions.engine import (
@@ -193,3 +196,38 @@ async def test_requests_that_end_are_counted_for_the_status_page(make_streaming,
             await aborted.collect()
     assert metric(registry, "engine_item_seconds_count", stage="stream") == 1
     assert metric(registry, "engine_batch_size_count", stage="stream") == 0
+
+
+class _GatedStreamStage(StatefulStreamStage):
+    """``open_state`` blocks until ``gate`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(slot_capacity=1)
+        self.gate = threading.Event()
+
+    def open_state(self, session_id, slot):
+        self.gate.wait(5.0)
+        return super().open_state(session_id, slot)
+
+
+async def test_a_release_racing_an_open_wins(make_streaming, registry):
+    """The open fails typed and keeps no session on the released slot; a fresh open works."""
+    stage = _GatedStreamStage()
+
+    async def open_state_returns_later() -> None:
+        await asyncio.sleep(0.05)
+        stage.gate.set()
+
+    async with make_streaming(stage) as engine:
+        # In this order: open posts open_state (blocked on the gate), release waits for it.
+        opened, released, _ = await asyncio.gather(
+            engine.open("s"), engine.release("s"), open_state_returns_later(), return_exceptions=True
+        )
+        assert isinstance(opened, SessionReleasedError), opened
+        assert released is None and stage.released == [("s", 0)]
+        assert engine.active_sessions == 0 and not engine.is_open("s") and len(engine.slots) == 0
+        with pytest.raises(SessionNotOpenError):
+            engine.stream("s", 0, 1)
+        assert (await engine.open("s")).index == 0 and engine.is_open("s")
+        assert await engine.submit("s", 0, 1, request_id="r") == (("s", 0, 0),)
+        assert metric(registry, "engine_slot_bytes", stage="llm") == 1000
