@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import websockets
 
+from realtime.bench.voice import kind_server
 from realtime.config import config_from_mapping
-from realtime.server import build_server
 
 FRAME_SAMPLES = 1920  # 80 ms at 24 kHz: one duplex frame
 PERIOD_S = 0.08
@@ -152,20 +152,8 @@ async def cascade_server(sessions: int, threads: int) -> AsyncIterator[tuple[str
             },
         }
     )
-    server = build_server(config, host="127.0.0.1", port=0)
-    task = asyncio.create_task(server.serve())
-    try:
-        state = server.rt_app.state.rt
-        while not (server.started and state.ready):
-            if task.done():
-                task.result()
-                raise RuntimeError("server exited during startup")
-            await asyncio.sleep(0.1)
-        service = next(k for k in state.kinds if k.name == "duplex")
-        yield state.url.replace("http://", "ws://") + "/v1/duplex", service
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, timeout=60)
+    async with kind_server(config, "duplex") as (url, service):
+        yield url.replace("http://", "ws://") + "/v1/duplex", service
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -192,6 +192,14 @@ async def voice_server(args: argparse.Namespace, **voice: Any) -> AsyncIterator[
             },
         }
     )
+    async with kind_server(config, "voice") as (url, service):
+        yield url.replace("http://", "ws://") + "/v1/realtime", service
+
+
+@contextlib.asynccontextmanager
+async def kind_server(config: Any, kind: str) -> AsyncIterator[tuple[str, Any]]:
+    """``(http base url, the ``kind`` service)`` of a real server of ``config`` in this process,
+    once it is ready; shut down on the way out."""
     server = build_server(config, host="127.0.0.1", port=0)
     task = asyncio.create_task(server.serve())
     try:
@@ -201,8 +209,7 @@ async def voice_server(args: argparse.Namespace, **voice: Any) -> AsyncIterator[
                 task.result()
                 raise RuntimeError("server exited during startup")
             await asyncio.sleep(0.1)
-        service = next(k for k in state.kinds if k.name == "voice")
-        yield state.url.replace("http://", "ws://") + "/v1/realtime", service
+        yield state.url, next(k for k in state.kinds if k.name == kind)
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, timeout=60)
