@@ -177,7 +177,8 @@ def _get(url: str, timeout_s: float = 10.0) -> tuple[int, str]:
 
 def occupancy(url: str) -> dict[str, int]:
     """Open websockets and occupied sessions per kind, and open slots per stage, from the
-    public ``/v1/status``; ``tasks`` from ``/metrics``."""
+    public ``/v1/status``; event-loop ``tasks`` and resident slot bytes (KV, model state) per
+    stage from ``/metrics``."""
     _, body = _get(url + "/v1/status")
     status = json.loads(body)
     counts: dict[str, int] = {}
@@ -190,6 +191,8 @@ def occupancy(url: str) -> dict[str, int]:
     _, metrics = _get(url + "/metrics")
     match = re.search(r"^realtime_event_loop_tasks (\S+)", metrics, re.M)
     counts["tasks"] = int(float(match.group(1))) if match else 0
+    for stage, value in re.findall(r'^engine_slot_bytes\{stage="([^"]+)"\} (\S+)', metrics, re.M):
+        counts[f"slot_bytes.{stage}"] = int(float(value))  # resident KV and model state
     return counts
 
 
