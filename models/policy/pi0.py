@@ -307,7 +307,9 @@ class Pi0(nn.Module):
                 self.state_proj = nn.Linear(c.state_dim, E)
                 self.action_time_mlp_in = nn.Linear(2 * E, E)
                 self.action_time_mlp_out = nn.Linear(E, E)
-            self.register_buffer("noise", torch.randn(c.action_horizon, c.action_dim), persistent=False)
+            # drawn on the host from the seed, so every device (and dtype) starts from the same noise
+            noise = torch.randn(c.action_horizon, c.action_dim, generator=torch.Generator().manual_seed(c.seed))
+            self.register_buffer("noise", noise.to(self.action_out_proj.weight.device), persistent=False)
             for p in self.parameters():  # what a checkpoint replaces: sane random weights
                 nn.init.normal_(p, std=0.02) if p.dim() > 1 else nn.init.zeros_(p)
             for m in self.modules():
