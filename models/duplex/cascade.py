@@ -368,11 +368,11 @@ class CascadeStage:
             case Draft(text):
                 self._start_reply(session, text)
             case Commit(text):
-                session.remember(ChatMessage("user", text), self.settings.max_history_messages)
                 reply = session.reply
-                if reply is None or reply.user_text != text:
+                if reply is None or reply.user_text != text:  # the draft died: make it now
                     reply = self._start_reply(session, text)
                 reply.committed = True
+                session.remember(ChatMessage("user", text), self.settings.max_history_messages)
             case Cancel(reason):
                 self._cancel(session, reason)
             case Backchannel() if session.backchannel_audio is not None:
@@ -425,7 +425,10 @@ class CascadeStage:
         request = ChatRequest((*session.history, ChatMessage("user", "")), max_new_tokens=1, speak=False)
         previous = session.last_thread
         session.last_thread = threading.Thread(
-            target=self._prefill, args=(session.session_id, request, previous), name="duplex-warm"
+            target=self._prefill,
+            args=(session.session_id, request, previous),
+            name="duplex-warm",
+            daemon=False,
         )
         session.last_thread.start()
 
@@ -488,12 +491,14 @@ class CascadeStage:
         log.debug("duplex cascade reply cancelled", extra={"reason": reason})
 
     def _finish(self, session: CascadeSession, reply: Reply) -> None:
+        """The committed reply is played out (or failed before any audio): the model listens."""
         session.reply = None
+        session.turns.reply_done()
         self._heard(session, reply)
 
     def _heard(self, session: CascadeSession, reply: Reply) -> None:
-        """A committed reply ended (played out, failed or cut): the model listens; the history
-        keeps what the user heard of it."""
-        session.turns.reply_done()
+        """A committed reply ended (played out, failed or cut): the history keeps what the user
+        heard of it. (The turn-taker knows already when it was cut: it decided the cut, or was
+        told by ``interrupted``.)"""
         if reply.text:
             session.remember(ChatMessage("assistant", reply.text), self.settings.max_history_messages)
