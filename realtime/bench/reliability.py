@@ -39,6 +39,7 @@ import contextlib
 import functools
 import json
 import logging
+import multiprocessing
 import os
 import re
 import signal
@@ -176,7 +177,8 @@ def _get(url: str, timeout_s: float = 10.0) -> tuple[int, str]:
 
 def occupancy(url: str) -> dict[str, int]:
     """Open websockets and occupied sessions per kind, and open slots per stage, from the
-    public ``/v1/status``; ``tasks`` from ``/metrics``."""
+    public ``/v1/status``; event-loop ``tasks`` and resident slot bytes (KV, model state) per
+    stage from ``/metrics``."""
     _, body = _get(url + "/v1/status")
     status = json.loads(body)
     counts: dict[str, int] = {}
@@ -189,6 +191,8 @@ def occupancy(url: str) -> dict[str, int]:
     _, metrics = _get(url + "/metrics")
     match = re.search(r"^realtime_event_loop_tasks (\S+)", metrics, re.M)
     counts["tasks"] = int(float(match.group(1))) if match else 0
+    for stage, value in re.findall(r'^engine_slot_bytes\{stage="([^"]+)"\} (\S+)', metrics, re.M):
+        counts[f"slot_bytes.{stage}"] = int(float(value))  # resident KV and model state
     return counts
 
 
@@ -335,7 +339,8 @@ def fuzz_part(server: ServerProcess, kinds: tuple[str, ...], seconds: float, fig
         figures.closes_1011 += result.closes_1011
         figures.closes_1009 += result.closes.get(1009, 0)
         print(
-            f"  fuzz {name:20s} {result.connections:6d} connections {result.frames:8d} frames  closes {dict(sorted(result.closes.items(), key=str))}"
+            f"  fuzz {name:20s} {result.connections:6d} connections {result.frames:8d} frames  closes "
+            f"{dict(sorted(result.closes.items(), key=str))}  refused {result.refused}  held {result.held}"
         )
 
 
@@ -366,22 +371,30 @@ def _robot_p99(client: Any, seconds: float, seed: int = 0) -> tuple[float, int]:
 
 
 class _Attack:
-    """Hostile clients on every route, on a thread with its own event loop, at a bounded rate
-    (a 2-core machine: the attack must not simply take the server's CPU)."""
+    """Hostile clients on every route, in a process of their own (so the measuring clients of
+    this process never wait on the attackers' work), at a bounded rate (a 2-core machine: the
+    attack must not simply take the server's CPU)."""
 
     def __init__(self, url: str, kinds: tuple[str, ...]) -> None:
         self.url, self.kinds = url, kinds
-        self.stop = threading.Event()
-        self.closes_1011 = 0
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        context = multiprocessing.get_context("spawn")
+        self.stop = context.Event()
+        self._closes_1011 = context.Value("i", 0)
+        self.process = context.Process(target=_attack_main, args=(url, kinds, self.stop, self._closes_1011))
+
+    @property
+    def closes_1011(self) -> int:
+        return int(self._closes_1011.value)
 
     def __enter__(self) -> _Attack:
-        self.thread.start()
+        self.process.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        self.thread.join(timeout=60)
+        self.process.join(timeout=60)
+        if self.process.is_alive():
+            self.process.kill()
 
     async def _run(self) -> None:
         limits = {"world": 65536, "echo": 65536, "duplex": 1 << 20, "voice": 21_037_056, "robot": 64 << 20}
@@ -400,50 +413,61 @@ class _Attack:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _fuzzer(self, route: hostile.Route, n: int) -> None:
+        """Garbage only (no valid message: other clients' real work is load, not an attack)."""
         import random
 
         rng = random.Random(n)
         while True:
-            result = await hostile.fuzz_connection(self.url, route, rng, max_frames=10)
-            self.closes_1011 += result.closes_1011
+            result = await hostile.fuzz_connection(self.url, route, rng, max_frames=10, valid_share=0.0)
+            with self._closes_1011.get_lock():
+                self._closes_1011.value += result.closes_1011
             await asyncio.sleep(0.05)
 
     async def _non_reader(self, route: hostile.Route) -> None:
-        """A client that starts work and never reads what the server sends."""
+        """A client that never reads: world pings with large data (the pongs pile up on its side),
+        or one robot request whose reply it never takes."""
         from websockets.asyncio.client import connect as aconnect
 
+        ping = json.dumps({"type": "session.ping", "data": "x" * 60_000})
         while True:
             with contextlib.suppress(Exception):
-                async with aconnect(
-                    self.url.replace("http://", "ws://") + route.path, max_size=None, ping_interval=None
-                ) as ws:
-                    if route.path == hostile.WORLD:
-                        await ws.send(json.dumps({"type": "session.start", "pacing": "fast"}))
+                url = self.url.replace("http://", "ws://") + route.path
+                async with aconnect(url, max_size=None, ping_interval=None, close_timeout=1) as ws:
+                    ws.transport.pause_reading()  # nothing is read, whatever the server sends
+                    if route.path == hostile.ROBOT:
+                        await ws.send(openpi.packb(libero_observation(2)))
                         await asyncio.sleep(30)
-                    else:
-                        for _ in range(20):
-                            await ws.send(openpi.packb(libero_observation(2)))
-                            await asyncio.sleep(0.5)
+                    for _ in range(600):
+                        await asyncio.wait_for(ws.send(ping), 5)
+                        await asyncio.sleep(0.05)
             await asyncio.sleep(0.5)
 
     async def _connection_flood(self) -> None:
-        """Idle TCP connections and refused requests, up to past the server's connection limit."""
+        """Idle TCP connections and refused requests past the server's connection limit (400 +
+        16 for the probes): 450 held, each one the server closes opened again, 20 a second."""
         host, port = self.url.removeprefix("http://").rsplit(":", 1)
-        held: list[tuple[Any, Any]] = []
+        held: list[Any] = []
         try:
             while True:
-                with contextlib.suppress(OSError):
-                    reader, writer = await asyncio.open_connection(host, int(port))
-                    if len(held) % 2:
-                        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-                    held.append((reader, writer))
-                if len(held) > 450:
-                    _, writer = held.pop(0)
-                    writer.close()
-                await asyncio.sleep(0.01)
+                held = [w for w in held if not w.is_closing() and not w.transport.is_closing()]
+                for _ in range(min(20, 450 - len(held))):
+                    with contextlib.suppress(OSError):
+                        reader, writer = await asyncio.open_connection(host, int(port))
+                        if len(held) % 2:  # half ask for a page: refused with 503 and closed
+                            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+                        held.append(writer)
+                await asyncio.sleep(1.0)
         finally:
-            for _, writer in held:
+            for writer in held:
                 writer.close()
+
+
+def _attack_main(url: str, kinds: tuple[str, ...], stop: Any, closes_1011: Any) -> None:
+    """The attack process: :class:`_Attack`'s clients until ``stop`` is set."""
+    logging.getLogger("websockets").setLevel(logging.CRITICAL)
+    attack = _Attack.__new__(_Attack)
+    attack.url, attack.kinds, attack.stop, attack._closes_1011 = url, kinds, stop, closes_1011
+    asyncio.run(attack._run())
 
 
 class _Probe:
