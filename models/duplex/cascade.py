@@ -260,6 +260,7 @@ class CascadeSession:
         self.last_thread: threading.Thread | None = None  # the newest reply's (it may still run)
         self.step = 0
         self.epoch = 0  # the session's epoch as its items carry it (a bump: the kind cut the reply)
+        self.warmed = False  # the conversation's KV holds the prompt's head (see CascadeStage._warm)
 
     def remember(self, message: ChatMessage, limit: int) -> None:
         """Add to the history, keeping at most ``limit`` messages, starting at a user turn."""
@@ -351,6 +352,8 @@ class CascadeStage:
         while session.transcripts:
             actions += session.turns.transcribed(*session.transcripts.popleft())
         actions += session.turns.hear(frames, probs)
+        if session.turns.in_speech and not session.warmed:
+            self._warm(session)
         for action in actions:
             self._act(session, action)
         pcm, text, speaking = self._play(session)
@@ -365,11 +368,11 @@ class CascadeStage:
             case Draft(text):
                 self._start_reply(session, text)
             case Commit(text):
-                session.remember(ChatMessage("user", text), self.settings.max_history_messages)
                 reply = session.reply
-                if reply is None or reply.user_text != text:
+                if reply is None or reply.user_text != text:  # the draft died: make it now
                     reply = self._start_reply(session, text)
                 reply.committed = True
+                session.remember(ChatMessage("user", text), self.settings.max_history_messages)
             case Cancel(reason):
                 self._cancel(session, reason)
             case Backchannel() if session.backchannel_audio is not None:
@@ -412,6 +415,31 @@ class CascadeStage:
         )
         reply.thread.start()
         return reply
+
+    def _warm(self, session: CascadeSession) -> None:
+        """The user's first words: while they speak, prefill the conversation's KV with the
+        prompt's head (system prompt, history, the user turn's opening) on a reply thread, so the
+        first reply prefills only the user's words (SmolLM2's resident KV keeps the common
+        prefix). Later turns find the previous turn's prompt and answer there already."""
+        session.warmed = True
+        request = ChatRequest((*session.history, ChatMessage("user", "")), max_new_tokens=1, speak=False)
+        previous = session.last_thread
+        session.last_thread = threading.Thread(
+            target=self._prefill,
+            args=(session.session_id, request, previous),
+            name="duplex-warm",
+            daemon=False,
+        )
+        session.last_thread.start()
+
+    def _prefill(self, session_id: str, request: ChatRequest, previous: threading.Thread | None) -> None:
+        try:
+            if previous is not None:
+                previous.join()
+            for _ in self.llm.reply_chunks(session_id, request, threading.Event()):
+                pass
+        except Exception:  # a released conversation: nothing to warm
+            log.debug("duplex cascade: warm-up skipped", exc_info=True)
 
     def _generate(
         self,
@@ -463,12 +491,14 @@ class CascadeStage:
         log.debug("duplex cascade reply cancelled", extra={"reason": reason})
 
     def _finish(self, session: CascadeSession, reply: Reply) -> None:
+        """The committed reply is played out (or failed before any audio): the model listens."""
         session.reply = None
+        session.turns.reply_done()
         self._heard(session, reply)
 
     def _heard(self, session: CascadeSession, reply: Reply) -> None:
-        """A committed reply ended (played out, failed or cut): the model listens; the history
-        keeps what the user heard of it."""
-        session.turns.reply_done()
+        """A committed reply ended (played out, failed or cut): the history keeps what the user
+        heard of it. (The turn-taker knows already when it was cut: it decided the cut, or was
+        told by ``interrupted``.)"""
         if reply.text:
             session.remember(ChatMessage("assistant", reply.text), self.settings.max_history_messages)
