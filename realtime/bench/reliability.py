@@ -176,12 +176,13 @@ def _get(url: str, timeout_s: float = 10.0) -> tuple[int, str]:
 
 
 def occupancy(url: str) -> dict[str, int]:
-    """Open websockets and occupied sessions per kind, and open slots per stage, from the
-    public ``/v1/status``; event-loop ``tasks`` and resident slot bytes (KV, model state) per
+    """Open TCP connections (a flood's idle sockets count until the server has closed them), open
+    websockets and occupied sessions per kind, and open slots per stage, from the public
+    ``/v1/status``; event-loop ``tasks`` and resident slot bytes (KV, model state) per
     stage from ``/metrics``."""
     _, body = _get(url + "/v1/status")
     status = json.loads(body)
-    counts: dict[str, int] = {}
+    counts: dict[str, int] = {"connections": status["connections"]["open"]}  # TCP, this request's own included
     for kind, n in status["connections"]["websockets"].items():
         counts[f"websockets.{kind}"] = n
     for kind in status["kinds"]:
@@ -351,9 +352,9 @@ def leak_check(server: ServerProcess, baseline: dict[str, int], figures: Figures
 
 
 def _robot_client(url: str) -> Any:
-    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+    from realtime.bench.openpi_robot import OpenPIRobot
 
-    return WebsocketClientPolicy(url)
+    return OpenPIRobot(url)
 
 
 def _robot_p99(client: Any, seconds: float, seed: int = 0) -> tuple[float, int]:
@@ -376,7 +377,6 @@ class _Attack:
     attack must not simply take the server's CPU)."""
 
     def __init__(self, url: str, kinds: tuple[str, ...]) -> None:
-        self.url, self.kinds = url, kinds
         context = multiprocessing.get_context("spawn")
         self.stop = context.Event()
         self._closes_1011 = context.Value("i", 0)
@@ -396,7 +396,15 @@ class _Attack:
         if self.process.is_alive():
             self.process.kill()
 
-    async def _run(self) -> None:
+
+class _AttackClients:
+    """The attack process's clients, until ``stop`` is set; 1011 closes they saw are added to
+    the shared counter ``closes_1011``."""
+
+    def __init__(self, url: str, kinds: tuple[str, ...], stop: Any, closes_1011: Any) -> None:
+        self.url, self.kinds, self.stop, self.closes_1011 = url, kinds, stop, closes_1011
+
+    async def run(self) -> None:
         limits = {"world": 65536, "echo": 65536, "duplex": 1 << 20, "voice": 21_037_056, "robot": 64 << 20}
         routes = [r for n, r in hostile.routes(limits).items() if n in self.kinds]
         tasks = [asyncio.create_task(self._fuzzer(route, n)) for n, route in enumerate(routes)]
@@ -419,8 +427,8 @@ class _Attack:
         rng = random.Random(n)
         while True:
             result = await hostile.fuzz_connection(self.url, route, rng, max_frames=10, valid_share=0.0)
-            with self._closes_1011.get_lock():
-                self._closes_1011.value += result.closes_1011
+            with self.closes_1011.get_lock():
+                self.closes_1011.value += result.closes_1011
             await asyncio.sleep(0.05)
 
     async def _non_reader(self, route: hostile.Route) -> None:
@@ -463,11 +471,9 @@ class _Attack:
 
 
 def _attack_main(url: str, kinds: tuple[str, ...], stop: Any, closes_1011: Any) -> None:
-    """The attack process: :class:`_Attack`'s clients until ``stop`` is set."""
+    """The attack process's entry point (a module-level function: the spawn context pickles it)."""
     logging.getLogger("websockets").setLevel(logging.CRITICAL)
-    attack = _Attack.__new__(_Attack)
-    attack.url, attack.kinds, attack.stop, attack._closes_1011 = url, kinds, stop, closes_1011
-    asyncio.run(attack._run())
+    asyncio.run(_AttackClients(url, kinds, stop, closes_1011).run())
 
 
 class _Probe:
@@ -513,7 +519,7 @@ def isolation_part(server: ServerProcess, kinds: tuple[str, ...], seconds: float
             time.sleep(1.0)
             under, n_under = _robot_p99(robot, seconds, seed=1)
     finally:
-        robot._ws.close()
+        robot.close()
     figures.robot_p99_alone_ms, figures.robot_p99_attack_ms = alone, under
     figures.isolation_p99_ratio = under / alone
     figures.healthz_p99_ms = probe.p99
