@@ -308,7 +308,9 @@ class Pi0(nn.Module):
                 self.action_time_mlp_in = nn.Linear(2 * E, E)
                 self.action_time_mlp_out = nn.Linear(E, E)
             # drawn on the host from the seed, so every device (and dtype) starts from the same noise
-            noise = torch.randn(c.action_horizon, c.action_dim, generator=torch.Generator().manual_seed(c.seed))
+            noise = torch.randn(
+                c.action_horizon, c.action_dim, generator=torch.Generator().manual_seed(c.seed), device="cpu"
+            )  # device named: a model built under ``with torch.device('cuda')`` still draws on the host
             self.register_buffer("noise", noise.to(self.action_out_proj.weight.device), persistent=False)
             for p in self.parameters():  # what a checkpoint replaces: sane random weights
                 nn.init.normal_(p, std=0.02) if p.dim() > 1 else nn.init.zeros_(p)
