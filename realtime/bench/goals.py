@@ -59,6 +59,12 @@ GOALS: dict[str, dict[str, Goal]] = {
     "duplex": {
         "max_sessions_80ms": Goal(">=", 128, 30),
     },
+    "reliability": {
+        "crashes": Goal("<=", 0, 26),
+        "isolation_p99_ratio": Goal("<=", 1.5, 26),
+        "healthz_p99_ms": Goal("<=", 20, 26),
+        "soak_rss_growth_pct": Goal("<=", 5, 26),
+    },
     "scale": {
         "proxy_added_p50_ms": Goal("<=", 1.0, 28),
         "throughput_ratio_2_vs_1": Goal(">=", 1.8, 28),
