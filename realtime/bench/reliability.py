@@ -178,7 +178,8 @@ def occupancy(url: str) -> dict[str, int]:
     stage from ``/metrics``."""
     _, body = _get(url + "/v1/status")
     status = json.loads(body)
-    counts: dict[str, int] = {"connections": status["connections"]["open"]}  # TCP, this request's own included
+    # TCP connections, this request's own included
+    counts: dict[str, int] = {"connections": status["connections"]["open"]}
     for kind, n in status["connections"]["websockets"].items():
         counts[f"websockets.{kind}"] = n
     for kind in status["kinds"]:
