@@ -16,6 +16,7 @@ another on the stage's single worker thread.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -60,6 +61,13 @@ class MediaEncodeStage:
         self.threads = threads
         self._streams: list[Fmp4Encoder | None] = [None] * slot_capacity
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=name) if threads > 1 else None
+        if self._pool is not None:
+            # Every worker starts now (each waits at the barrier until all exist): a pool that grows
+            # lazily under load looks like a thread leak to an operator and to the reliability
+            # suite's churn check, which compares thread counts before and after.
+            started = threading.Barrier(threads)
+            for _ in range(threads):
+                self._pool.submit(started.wait)
 
     def state_bytes(self) -> int:
         return 0  # encoder state is a few KiB of host memory
