@@ -148,7 +148,9 @@ class DuplexHandler:
         """After the runner's step: the session's state to the replica's checkpointer (coalesced)."""
         checkpointer, ds = self.service.ctx.checkpointer, self.ds
         if checkpointer is not None and ds is not None and ds.owned_by(conn):
-            checkpointer.save(ds.session_id, "duplex", ds.state)
+            # within the store's bound per session, with room for the rest of the state
+            budget = self.service.ctx.config.replicas.checkpoint_max_bytes * 3 // 4
+            checkpointer.save(ds.session_id, "duplex", lambda: ds.state(budget))
 
     # -- before a session (autostart=0) ---------------------------------------------------
     async def _before_session(self, conn: Connection, item: Any) -> None:

@@ -344,9 +344,10 @@ class DuplexSession:
         replayed = len(entries) + self.journal.last_seq - before
         self.emit([de.SessionResumed(self.session_id, self.resume_token, replayed)])
 
-    def state(self) -> DuplexState:
-        """What a checkpoint keeps of this session (``realtime.scale.resume``)."""
-        last_seq, trimmed_to, entries = self.journal.snapshot()
+    def state(self, max_journal_bytes: int) -> DuplexState:
+        """What a checkpoint keeps of this session (``realtime.scale.resume``): the newest
+        ``max_journal_bytes`` of its journal (a resume from before them is a gap: resync)."""
+        last_seq, trimmed_to, entries = self.journal.snapshot(max_journal_bytes)
         return DuplexState(
             self.resume_token, self.epoch, self.turns.conversation_id, last_seq, trimmed_to, entries
         )

@@ -222,6 +222,7 @@ class Checkpointer:
         self._writes: dict[str, asyncio.Task] = {}  # store key -> its newest write in flight
         self._tasks: set[asyncio.Task] = set()
         self._retain = False
+        self._too_large: set[str] = set()  # keys warned about
 
     def save(self, session_id: str, kind: str, build: Callable[[], object], key: str | None = None) -> None:
         """Checkpoint the session's state ``build()`` makes, now or when its interval ends."""
@@ -263,7 +264,9 @@ class Checkpointer:
                 await asyncio.wait([before])  # in order per key: a delete never precedes a put
             await self.store.put(Checkpoint(key, kind, seq, data))
         except CheckpointTooLargeError as exc:
-            log.warning("checkpoint too large", extra={"key": key, "limit": exc.details.get("limit")})
+            if key not in self._too_large:  # once per session: its next puts are as large
+                self._too_large.add(key)
+                log.warning("checkpoint too large", extra={"key": key, "limit": exc.details.get("limit")})
         except Exception as exc:  # noqa: BLE001 - the store is down or slow: the session goes on
             log.warning("checkpoint not stored", extra={"key": key, "error": type(exc).__name__})
 
@@ -303,6 +306,7 @@ class Checkpointer:
             return
         self._seqs.pop(key, None)
         self._last.pop(key, None)
+        self._too_large.discard(key)
         self._spawn(key, self._delete(key, self._writes.get(key)))
         self._writes.pop(key, None)
 

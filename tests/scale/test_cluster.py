@@ -202,6 +202,35 @@ async def resume_duplex(cluster, sid: str, token: str, cursor: int) -> tuple[dic
     return event, replay
 
 
+async def one_per_replica(open_one, name_of, close) -> list:
+    """Open sessions until each replica holds one of them (a cold cluster's routers may not have
+    both replicas' routing stats yet: a repeat lands on the same replica, is closed, retried)."""
+    held: dict[str, object] = {}
+    for _ in range(20):
+        opened = await open_one()
+        tag = session_replica_tag(name_of(opened))
+        if tag in held:
+            await close(opened)
+            await asyncio.sleep(0.5)
+        else:
+            held[tag] = opened
+        if len(held) == 2:
+            return list(held.values())
+    raise AssertionError("new sessions never reached both replicas")
+
+
+async def duplex_per_replica(cluster) -> list[tuple[websockets.ClientConnection, str, str]]:
+    async def open_one():  # noqa: ANN202
+        ws, created = await duplex(cluster)
+        return ws, created["session"]["id"], created["resume_token"]
+
+    async def close(opened) -> None:  # noqa: ANN001 - released at once: no resume grace held
+        await opened[0].send(json.dumps({"type": "session.close"}))
+        await opened[0].close()
+
+    return await one_per_replica(open_one, lambda o: o[1], close)
+
+
 async def voice_with_an_item(openai: AsyncOpenAI, stack: contextlib.AsyncExitStack, text: str) -> str:
     """A voice session (the unmodified OpenAI client) holding one user item saying ``text``."""
     conn = await stack.enter_async_context(openai.realtime.connect(model="gpt-realtime", max_retries=0))
@@ -215,17 +244,18 @@ async def voice_with_an_item(openai: AsyncOpenAI, stack: contextlib.AsyncExitSta
 
 
 async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resume_on_the_other(cluster):
-    sockets = []
-    for _ in range(4):  # two per replica
-        ws, created = await duplex(cluster)
-        sockets.append((ws, created["session"]["id"], created["resume_token"]))
+    sockets = await duplex_per_replica(cluster)  # each holds 2: the survivor has room for the lost one
     robots = [await asyncio.to_thread(WebsocketClientPolicy, cluster.ws) for _ in range(2)]
     openai = AsyncOpenAI(websocket_base_url=f"{cluster.ws}/v1", api_key="unused")
     async with contextlib.AsyncExitStack() as voices:
-        spoken = {
-            await voice_with_an_item(openai, voices, f"remember {n}"): f"remember {n}" for n in range(2)
-        }
-        assert {session_replica_tag(sid) for sid in spoken} == set(cluster.occupied("voice"))
+
+        async def open_voice():  # noqa: ANN202
+            stack = await voices.enter_async_context(contextlib.AsyncExitStack())
+            return stack, await voice_with_an_item(openai, stack, "remember this")
+
+        spoken = [
+            sid for _, sid in await one_per_replica(open_voice, lambda o: o[1], lambda o: o[0].aclose())
+        ]
         cursors = {}
         for ws, sid, _ in sockets:  # what each client holds when its replica dies
             cursors[sid] = max(e["server_event_seq"] for e in await events_after(ws, 0.3))
@@ -235,7 +265,7 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resum
         os.kill(victim["pid"], signal.SIGKILL)
         lost = [(sid, token) for _, sid, token in sockets if session_replica_tag(sid) == victim["replica"]]
         kept = [sid for _, sid, _ in sockets if session_replica_tag(sid) != victim["replica"]]
-        assert len(lost) == len(kept) == 2
+        assert len(lost) == len(kept) == 1
         for sid, _ in lost:
             assert await asyncio.wait_for(watchers[sid], 30) == (LOST_CODE, LOST_REASON)
     # each lost duplex session resumes on the other replica: same id, its journal replayed
@@ -245,7 +275,7 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resum
         assert resumed["type"] == "session.resumed" and resumed["session_id"] == sid, resumed
         seqs = [e["server_event_seq"] for e in replay]
         assert seqs == list(range(cursors[sid] + 1, cursors[sid] + 1 + len(seqs)))
-    assert sorted(cluster.occupied("duplex").values())[-1] >= 2, "the lost sessions live on the other"
+    assert sorted(cluster.occupied("duplex").values())[-1] == 2, "the lost session lives on the other"
     assert not any(watchers[sid].done() for sid in kept), "the other replica's sessions go on"
     served = 0
     for robot in robots:  # one robot was on the lost replica; its socket is closed
@@ -262,7 +292,7 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resum
         assert created.type == "session.created" and created.session.id == lost_voice
         events = [await asyncio.wait_for(conn.recv(), 30) for _ in range(3)]
         items = [e.item for e in events if e.type == "conversation.item.done"]
-        assert [i.content[0].text for i in items] == [spoken[lost_voice]], events
+        assert [i.content[0].text for i in items] == ["remember this"], events
     # a session the lost replica never checkpointed fails fast and typed
     unknown = f"duplex-{victim['replica']}.0000000000000000"
     ws = await websockets.connect(f"{cluster.ws}/v1/duplex?autostart=0&session_id={unknown}")
@@ -286,10 +316,7 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resum
 
 
 async def test_draining_a_replica_moves_its_sessions_to_the_other(cluster):
-    sockets = []
-    for _ in range(2):  # one per replica
-        ws, created = await duplex(cluster)
-        sockets.append((ws, created["session"]["id"], created["resume_token"]))
+    sockets = await duplex_per_replica(cluster)
     cursors = {sid: max(e["server_event_seq"] for e in await events_after(ws, 0.3)) for ws, sid, _ in sockets}
     (ws, sid, token), (other_ws, other, _) = sockets
     tag = session_replica_tag(sid)
@@ -299,12 +326,10 @@ async def test_draining_a_replica_moves_its_sessions_to_the_other(cluster):
     )
     out, err = await asyncio.wait_for(drain.communicate(), 120)
     assert drain.returncode == 0, err.decode()[-2000:]
-    assert json.loads(out.decode().splitlines()[-1]) == {
-        "replica": tag,
-        "closed": 1,
-        "aborted": 0,
-        "undrained": 0,
-    }
+    counts = json.loads(out.decode().splitlines()[-1])
+    assert (
+        counts["replica"] == tag and counts["closed"] >= 1 and counts["aborted"] == counts["undrained"] == 0
+    )
     code, reason = await asyncio.wait_for(watchers[sid], 30)
     assert code == 1012 and "reconnect to resume" in reason
     assert not watchers[other].done(), "the other replica's session goes on"

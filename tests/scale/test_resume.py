@@ -98,6 +98,8 @@ def test_journal_and_conversation_restore_continue_where_the_snapshot_was():
     again.restore(*journal.snapshot())
     assert [e.seq for e in again.after(0)[0]] == [4, 5] and again.after(2)[1], "seq 3 is a gap now"
     assert again.record("e5", epoch=0, delta=False).seq == 6
+    last_seq, trimmed_to, entries = journal.snapshot(max_bytes=4)  # two frames of 2 bytes fit
+    assert (last_seq, trimmed_to, [e.seq for e in entries]) == (5, 3, [4, 5])
 
     conversation = Conversation(max_items=8)
     for n in range(3):
