@@ -7,13 +7,16 @@ async API the Ray actor serves."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
+import websockets
 from starlette.middleware import Middleware
 
 from realtime import server as server_module
 from realtime.app import create_app
+from realtime.config import config_from_mapping
 from realtime.protocols import world as world_proto
 from realtime.protocols.duplex.journal import Journal
 from realtime.protocols.oai_realtime.conversation import Conversation
@@ -35,6 +38,7 @@ from realtime.scale.session_check import SessionCheck
 from sessions import identities
 from sessions.events import ControlInput
 from tests.duplex.kind_server import always, connect, duplex_server
+from tests.serving import serve_in_process
 
 
 class MemoryStore:
@@ -242,3 +246,54 @@ async def test_a_duplex_session_resumes_on_another_replica_with_its_journal(monk
     resumed = replay[-1]
     assert resumed["type"] == "session.resumed" and resumed["replayed"] == held.last_seq - cursor
     assert resumed["resume_token"] != token and all(e["epoch"] >= held.epoch for e in live)
+
+
+async def world_chunks(ws, n: int) -> None:
+    """Read until ``n`` chunks (binary media) arrived."""
+    seen = 0
+    while seen < n:
+        if isinstance(await asyncio.wait_for(ws.recv(), 60), bytes):
+            seen += 1
+
+
+async def until_type(ws, kind: str) -> dict:
+    while True:
+        message = await asyncio.wait_for(ws.recv(), 60)
+        if isinstance(message, str) and json.loads(message)["type"] == kind:
+            return json.loads(message)
+
+
+async def test_a_world_session_restarts_on_another_replica_with_its_prompt_and_controls(replica):
+    store, tagged = replica
+    config = config_from_mapping(
+        {
+            "robot": {"enabled": False},
+            "runtime": {"memory_available_bytes": 2**30},
+            "world": {"enabled": True, "torch_threads": 1, "compute_admission": False},
+        }
+    )
+    keys = {"track": "keys", "schema": "world.keys.v1", "data": {"pressed": ["a"]}}
+    tagged("aaa")
+    async with serve_in_process(config) as (url, _):
+        async with websockets.connect(url.replace("http", "ws") + "/v1/realtime/world?protocol_version=1") as ws:
+            start = {"type": "session.start", "prompt": "stone", "seed": 5, "pacing": "fast"}
+            await ws.send(json.dumps(start))
+            sid = (await until_type(ws, "session.created"))["session_id"]
+            event = {"type": "session.event", "event_id": 1, "prompt": "ice", "controls": [keys]}
+            await ws.send(json.dumps(event))
+            await world_chunks(ws, 3)  # the event is applied by now: sticky prompt and controls
+            await asyncio.sleep(0.15)
+            lost = await store.get(sid)
+    store.table.put(lost)  # as if replica aaa had died instead of shutting down
+    held = decode(lost)
+    assert held.start.seed == 5 and held.prompt == "ice" and held.chunks >= 2
+    tagged("bbb")
+    async with serve_in_process(config) as (url, running):
+        (world,) = running.rt_app.state.rt.kinds
+        url = url.replace("http", "ws") + f"/v1/realtime/world?protocol_version=1&session_id={sid}"
+        async with websockets.connect(url) as ws:
+            await ws.send(json.dumps({"type": "session.start", "prompt": "sand", "pacing": "fast"}))
+            assert (await until_type(ws, "session.created"))["session_id"] == sid
+            session = world.manager.get(sid)
+            assert session.prompt == "ice" and dict(session.controls)["keys"].data["pressed"] == ("a",)
+            await world_chunks(ws, 1)
