@@ -309,9 +309,9 @@ class _RobotHandler:
         if checkpointer is None or engine is None or stage is None:
             return
         loaded = await checkpointer.load(robot_key(episode))
-        slot = engine.slots.get(session_id)
-        if loaded is None or not isinstance(loaded[1], RobotState) or slot is None:
+        if loaded is None or not isinstance(loaded[1], RobotState):
             return
+        slot = await engine.open(session_id)  # else it opens at the first tick; idempotent
         checkpoint, state = loaded
         checkpointer.adopt(checkpoint, session_id)
         age_s = max(0.0, time.time() - state.delivered_wall)

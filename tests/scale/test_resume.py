@@ -220,6 +220,7 @@ async def test_a_duplex_session_resumes_on_another_replica_with_its_journal(monk
             await asyncio.sleep(0.15)  # the last coalesced put lands
             lost = await store.get(sid)  # what the store holds when the replica "dies"
     # replica aaa is gone; its shutdown released the session, which a killed replica never does
+    await asyncio.sleep(0.2)  # the shutdown's own deletes land first
     store.table.put(lost)
     held = decode(lost)
     cursor = received[2]["server_event_seq"]  # the client lost what came after this
@@ -275,7 +276,9 @@ async def test_a_world_session_restarts_on_another_replica_with_its_prompt_and_c
     keys = {"track": "keys", "schema": "world.keys.v1", "data": {"pressed": ["a"]}}
     tagged("aaa")
     async with serve_in_process(config) as (url, _):
-        async with websockets.connect(url.replace("http", "ws") + "/v1/realtime/world?protocol_version=1") as ws:
+        async with websockets.connect(
+            url.replace("http", "ws") + "/v1/realtime/world?protocol_version=1"
+        ) as ws:
             start = {"type": "session.start", "prompt": "stone", "seed": 5, "pacing": "fast"}
             await ws.send(json.dumps(start))
             sid = (await until_type(ws, "session.created"))["session_id"]
@@ -284,6 +287,7 @@ async def test_a_world_session_restarts_on_another_replica_with_its_prompt_and_c
             await world_chunks(ws, 3)  # the event is applied by now: sticky prompt and controls
             await asyncio.sleep(0.15)
             lost = await store.get(sid)
+    await asyncio.sleep(0.2)  # the shutdown's own deletes land first
     store.table.put(lost)  # as if replica aaa had died instead of shutting down
     held = decode(lost)
     assert held.start.seed == 5 and held.prompt == "ice" and held.chunks >= 2
@@ -297,3 +301,42 @@ async def test_a_world_session_restarts_on_another_replica_with_its_prompt_and_c
             session = world.manager.get(sid)
             assert session.prompt == "ice" and dict(session.controls)["keys"].data["pressed"] == ("a",)
             await world_chunks(ws, 1)
+
+
+async def test_a_robot_episode_goes_on_on_another_replica_guided_by_its_last_chunk(replica, monkeypatch):
+    """openpi-client robots name no session: the episode (an observation's ``session_id``) keys
+    the checkpoint, and the first observation naming it on another replica seeds RTC with it."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from models.policy.stage import PolicyStage
+    from realtime.bench import examples
+
+    store, tagged = replica
+    seeded = []
+    real_seed = PolicyStage.seed_state
+
+    def seed_state(stage, slot, chunk, latency_s, delivered_at):  # noqa: ANN001, ANN202 - a spy
+        seeded.append(chunk)
+        real_seed(stage, slot, chunk, latency_s, delivered_at)
+
+    monkeypatch.setattr(PolicyStage, "seed_state", seed_state)
+    config = config_from_mapping(
+        {"robot": {"enabled": True, "torch_threads": 1}, "world": {"enabled": False}}
+    )
+    obs = {**examples.libero(0), "session_id": "episode-7"}
+    tagged("aaa")
+    async with serve_in_process(config) as (url, _):
+        robot = await asyncio.to_thread(WebsocketClientPolicy, url.replace("http", "ws"))
+        actions = [(await asyncio.to_thread(robot.infer, obs))["actions"] for _ in range(2)]
+        await asyncio.sleep(0.3)
+        lost = await store.get("robot-episode:episode-7")
+        robot._ws.close()
+    await asyncio.sleep(0.2)  # the shutdown's own deletes land first
+    store.table.put(lost)  # as if replica aaa had died instead of shutting down
+    assert np.array_equal(decode(lost).actions, actions[-1]) and not seeded
+    tagged("bbb")
+    async with serve_in_process(config) as (url, _):
+        robot = await asyncio.to_thread(WebsocketClientPolicy, url.replace("http", "ws"))
+        await asyncio.to_thread(robot.infer, obs)
+        robot._ws.close()
+    assert len(seeded) == 1 and np.array_equal(seeded[0], actions[-1])
