@@ -320,9 +320,8 @@ async def test_a_robot_episode_goes_on_on_another_replica_guided_by_its_last_chu
         real_seed(stage, slot, chunk, latency_s, delivered_at)
 
     monkeypatch.setattr(PolicyStage, "seed_state", seed_state)
-    config = config_from_mapping(
-        {"robot": {"enabled": True, "torch_threads": 1}, "world": {"enabled": False}}
-    )
+    robot_config = {"enabled": True, "policy": "zeros"}  # the plumbing; RTC's seed: the next test
+    config = config_from_mapping({"robot": robot_config, "world": {"enabled": False}})
     obs = {**examples.libero(0), "session_id": "episode-7"}
     tagged("aaa")
     async with serve_in_process(config) as (url, _):
@@ -330,7 +329,7 @@ async def test_a_robot_episode_goes_on_on_another_replica_guided_by_its_last_chu
         actions = [(await asyncio.to_thread(robot.infer, obs))["actions"] for _ in range(2)]
         await asyncio.sleep(0.3)
         lost = await store.get("robot-episode:episode-7")
-        robot._ws.close()
+        await asyncio.to_thread(robot._ws.close)  # sync: off the loop the server runs on
     await asyncio.sleep(0.2)  # the shutdown's own deletes land first
     store.table.put(lost)  # as if replica aaa had died instead of shutting down
     assert np.array_equal(decode(lost).actions, actions[-1]) and not seeded
@@ -338,5 +337,23 @@ async def test_a_robot_episode_goes_on_on_another_replica_guided_by_its_last_chu
     async with serve_in_process(config) as (url, _):
         robot = await asyncio.to_thread(WebsocketClientPolicy, url.replace("http", "ws"))
         await asyncio.to_thread(robot.infer, obs)
-        robot._ws.close()
+        await asyncio.to_thread(robot._ws.close)  # sync: off the loop the server runs on
     assert len(seeded) == 1 and np.array_equal(seeded[0], actions[-1])
+
+
+def test_a_seeded_rtc_state_holds_the_chunk_as_delivered_then():
+    from models.policy.rtc import RTCState
+    from models.policy.stage import PolicyStage
+
+    class OneStatePolicy:  # what PolicyStage asks of a policy here: its per-session state
+        device = "cpu"
+
+        def new_state(self) -> RTCState:
+            return RTCState(horizon=4, action_dim=2)
+
+    stage = PolicyStage(OneStatePolicy(), slot_capacity=2)  # type: ignore[arg-type]
+    stage.open_state("robot-b.0000000000000001", 1)
+    chunk = np.ones((4, 2), np.float32)
+    stage.seed_state(1, chunk, latency_s=0.05, delivered_at=123.0)
+    state = stage._states[1]
+    assert state.prev is chunk and state.delivered_at == 123.0 and list(state.latencies) == [0.05]
