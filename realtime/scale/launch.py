@@ -14,6 +14,8 @@ closed with 1001 like the single server's), deletes the app and its checkpoint s
 disconnects from Ray (a local instance ends with it). Exit status: 0 after
 a signal, 1 when a replica's model load failed or the app did not deploy, 2 for a config the
 replicas cannot run.
+
+:func:`drain_replica` is ``realtime drain REPLICA``: one replica's sessions moved to the others.
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ A replica, at startup (``__serve_build_asgi_app__``, in the replica's process):
   session id it allocates names it, which is what the session router routes on;
 - builds the app of the deploy config with the cluster-wide views in front of its own
   (``realtime.scale.views``) and the session check behind the guard
-  (``realtime.scale.session_check``), and a client of the cluster's checkpoint store
-  (``realtime.scale.checkpoints``; ``/v1/status`` reports what it holds);
+  (``realtime.scale.session_check``: a gone replica's sessions are restored here), with a client
+  of the cluster's checkpoint store (``realtime.scale.checkpoints``; ``/v1/status`` reports what
+  it holds) and the ``Checkpointer`` its kinds save their sessions through
+  (``realtime.scale.resume``);
 - loads its models as the single server does (the app's lifespan: ``/readyz`` and the routing
   report say when it is ready; Serve's health check fails once a load failed).
 
