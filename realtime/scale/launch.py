@@ -213,8 +213,17 @@ def drain_replica(config: DeployConfig, tag: str, ray_address: str | None) -> in
     """``realtime drain REPLICA``: move replica ``tag``'s sessions to the others
     (``RealtimeReplica.move_sessions``) on the local Ray instance (``auto``) or the cluster at
     ``ray_address`` (the ``ray_address=`` of ``realtime serve --replicas``'s ready line). Prints
-    the counts; exit 0, 1 when the call failed, 2 for no such replica."""
-    ray.init(address=ray_address or "auto", logging_level=logging.WARNING)
+    the counts; exit 0, 1 when the call (or joining the cluster) failed, 2 for no such replica."""
+    try:
+        ray.init(address=ray_address or "auto", logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        print(
+            f"realtime: cannot join the Ray cluster at {ray_address or 'auto'}: {str(exc).splitlines()[0]} "
+            "(a cluster with token authentication, as a local one of Ray 2.60, needs RAY_AUTH_MODE=token "
+            "in the environment when its address is given)",
+            file=sys.stderr,
+        )
+        return 1
     try:
         peers = Peers(config.replicas.app_name, tag="", timeout_s=config.server.shutdown_timeout_s)
         tags = peers.tags()
