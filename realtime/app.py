@@ -82,6 +82,7 @@ from realtime.demo import demo_routes
 from realtime.kinds import build_kind
 from realtime.kinds.base import ServerContext, SessionKindService
 from realtime.progress import LoadCancelled, LoadProgress, quiet_library_progress_bars
+from realtime.scale.resume import Checkpointer
 from realtime.status import app_status
 from realtime.ws import CloseCode, close_quietly, close_reason
 from sessions.engine.worker import dead_workers
@@ -179,12 +180,31 @@ class AppState:
         """Close all websockets with 1001 within ``server.shutdown_timeout_s``; idempotent."""
         if self.draining:
             return DrainResult()
-        self.draining = True
-        self.ready = False
-        self.ready_gauge.set(0)
+        self._stop_admitting()
         return await self.context.connections.close_all(
             "server shutting down", self.config.server.shutdown_timeout_s
         )
+
+    async def move_sessions(self, settle_s: float) -> DrainResult:
+        """A replica's graceful drain (``realtime drain``): admit nothing more, wait ``settle_s``
+        (the routers hear this replica is draining, so reconnects go elsewhere), checkpoint every
+        session's newest state and keep it, then close every websocket with 1012 ``service
+        restart`` so its client reconnects and resumes on another replica; idempotent."""
+        checkpointer = self.context.checkpointer
+        if self.draining or checkpointer is None:
+            return DrainResult()
+        self._stop_admitting()
+        await asyncio.sleep(settle_s)
+        checkpointer.retain()
+        await checkpointer.flush()
+        return await self.context.connections.close_all(
+            MOVED_REASON, self.config.server.shutdown_timeout_s, CloseCode.SERVICE_RESTART
+        )
+
+    def _stop_admitting(self) -> None:
+        self.draining = True
+        self.ready = False
+        self.ready_gauge.set(0)
 
     async def stop(self) -> None:
         if self._progress is not None:
@@ -199,6 +219,9 @@ class AppState:
                 await kind.stop()
             except Exception:
                 log.exception("session kind stop failed", extra={"kind": kind.name})
+
+
+MOVED_REASON = "service restart: this replica is draining; reconnect to resume"
 
 
 def _loop_tasks() -> int:
@@ -354,14 +377,19 @@ def models_document(
     }
 
 
-def create_app(config: DeployConfig, routes_first: Sequence[BaseRoute] = ()) -> Starlette:
+def create_app(
+    config: DeployConfig, routes_first: Sequence[BaseRoute] = (), checkpointer: Checkpointer | None = None
+) -> Starlette:
     """The app of ``config``; ``routes_first`` are tried before the app's own routes, behind the
-    same guard (a Ray Serve replica's cluster-wide views: ``realtime.scale.views``)."""
+    same guard (a Ray Serve replica's cluster-wide views: ``realtime.scale.views``); with
+    ``checkpointer`` (a replica's) the kinds checkpoint their sessions (``realtime.scale.resume``)."""
     registry = CollectorRegistry()
     ready_gauge = Gauge("realtime_ready", "1 once every session kind is loaded and warmed", registry=registry)
     Info("realtime_build", "server build information", registry=registry).info({"version": __version__})
     connections = ConnectionRegistry()
-    context = ServerContext(config=config, registry=registry, connections=connections)
+    context = ServerContext(
+        config=config, registry=registry, connections=connections, checkpointer=checkpointer
+    )
     conn_gauge = Gauge(
         "realtime_websocket_connections", "open websocket connections", ["kind"], registry=registry
     )

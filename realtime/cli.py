@@ -45,6 +45,16 @@ def _parser() -> argparse.ArgumentParser:
         "--ray-address", metavar="ADDR", help="with --replicas: join the Ray cluster at ADDR, not a local one"
     )
 
+    drain = sub.add_parser(
+        "drain",
+        help="move a replica's sessions to the others of `realtime serve --replicas` (docs/scaling.md)",
+    )
+    drain.add_argument("replica", help="the replica's tag (as /v1/status lists it)")
+    drain.add_argument("--config", help="the deploy config the replicas run (its replicas.app_name)")
+    drain.add_argument(
+        "--ray-address", metavar="ADDR", help="the cluster (default: the local Ray instance, 'auto')"
+    )
+
     bench = sub.add_parser("bench", help="run a benchmark scenario against its peer")
     bench.add_argument("scenario", choices=sorted(SCENARIOS))
     bench.add_argument("args", nargs=argparse.REMAINDER, help="scenario options (see --help of each)")
@@ -72,6 +82,22 @@ def _serve_replicas(args: argparse.Namespace, config: DeployConfig) -> int:
         return 2
     name = args.config or "deploy/default.yaml"
     return serve_replicas(config, name, args.replicas, args.ray_address, host=args.host, port=args.port)
+
+
+def _drain(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"realtime: {exc}", file=sys.stderr)
+        return 2
+    try:
+        from realtime.scale.launch import drain_replica  # Ray is an optional extra
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "ray":
+            raise
+        print("realtime: drain needs the ray extra: pip install 'realtime-sessions[ray]'", file=sys.stderr)
+        return 2
+    return drain_replica(config, args.replica, args.ray_address)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -110,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "drain":
+        configure_logging("warning")
+        return _drain(args)
     configure_logging("warning")
     from realtime.bench import run_scenario
 

@@ -446,6 +446,7 @@ class ReplicasConfig:
     checkpoint_max_bytes: PositiveInt = 4 * 1024 * 1024  # one session's resumable state
     checkpoint_ttl_s: PositiveFloat = 300.0  # a checkpoint not refreshed this long is dropped
     checkpoint_max_total_bytes: PositiveInt = 1 << 30  # all sessions' checkpoints in the store
+    checkpoint_interval_s: PositiveFloat = 0.2  # a session's checkpoints are put at most this often
 
     def validate(self, path: str) -> None:
         if not self.app_name or not all(c.isalnum() or c in "-_" for c in self.app_name):

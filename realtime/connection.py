@@ -359,13 +359,17 @@ class Connection:
         return session.epoch if session is not None else 0
 
     # -- what handlers call ---------------------------------------------------------------
-    async def create_session(self, on_queue_position: QueuePositionFn | None = None) -> Session:
+    async def create_session(
+        self, on_queue_position: QueuePositionFn | None = None, session_id: str | None = None
+    ) -> Session:
         """Admit the connection's session (raises ``SessionError``: capacity, shutdown). While it
         waits in the admission queue (``runtime.over_capacity: queue``) ``on_queue_position(n)``
-        hears its 1-based position and the start deadline does not apply (the queue has its own)."""
+        hears its 1-based position and the start deadline does not apply (the queue has its own).
+        ``session_id``: a session restored from a checkpoint keeps its id (else a new one)."""
         self._admitting = True
         try:
-            return self.adopt(await self.manager.create(on_queue_position=on_queue_position))
+            created = await self.manager.create(session_id, on_queue_position=on_queue_position)
+            return self.adopt(created)
         finally:
             self._admitting = False
 

@@ -91,15 +91,16 @@ class ConnectionRegistry:
             self._live.discard(entry)
             entry.done.set()
 
-    async def close_all(self, reason: str, timeout_s: float) -> DrainResult:
-        """Close every live websocket with 1001, bounded by ``timeout_s`` in all (module docstring)."""
+    async def close_all(self, reason: str, timeout_s: float, code: int = CloseCode.GOING_AWAY) -> DrainResult:
+        """Close every live websocket with ``code`` (1001; 1012 when a replica moves its sessions
+        away), bounded by ``timeout_s`` in all (module docstring)."""
         self.accepting = False
         entries = list(self._live)
         if not entries:
             return DrainResult()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        closes = [asyncio.create_task(self._close(e, reason)) for e in entries]
+        closes = [asyncio.create_task(self._close(e, reason, code)) for e in entries]
         waits = [asyncio.create_task(e.done.wait()) for e in entries]
         await asyncio.wait(closes + waits, timeout=max(0.0, timeout_s - CANCEL_GRACE_S))
         for task in closes + waits:
@@ -134,6 +135,6 @@ class ConnectionRegistry:
         return result
 
     @staticmethod
-    async def _close(entry: _Tracked, reason: str) -> None:
+    async def _close(entry: _Tracked, reason: str, code: int) -> None:
         with contextlib.suppress(Exception):  # a peer vanishing mid-close must not stop the drain
-            await close_quietly(entry.websocket, CloseCode.GOING_AWAY, reason)
+            await close_quietly(entry.websocket, code, reason)

@@ -82,6 +82,10 @@ class ControlInput:
     def to_dict(self) -> dict[str, Any]:
         return {"track": self.track, "schema": self.schema, "data": thaw_json(self.data)}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # picklable (a world session's checkpoint): the frozen data travels thawed, refrozen on load
+        return (ControlInput, (self.track, self.schema, thaw_json(self.data)))
+
     @classmethod
     def from_dict(cls, raw: Any) -> ControlInput:
         if not isinstance(raw, Mapping):

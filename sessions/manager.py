@@ -136,8 +136,12 @@ class SessionManager:
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
         resume_grace_s: float = 0.0,
+        on_release: Callable[[str], None] | None = None,
     ) -> None:
         self.kind = kind
+        #: Called with a session's id once it is released for good (after its close; the
+        #: replica's checkpointer drops its resumable state).
+        self.on_release = on_release
         if not resume_grace_s >= 0:
             raise ValueError(f"resume_grace_s must be >= 0, got {resume_grace_s!r}")
         self.resume_grace_s = resume_grace_s
@@ -396,6 +400,8 @@ class SessionManager:
             while len(self._closed_reasons) > REMEMBERED_CLOSES:
                 self._closed_reasons.popitem(last=False)
             self._slot_freed()
+            if self.on_release is not None:
+                self.on_release(session_id)
         return status
 
     async def disconnect(

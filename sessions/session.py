@@ -62,7 +62,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -542,6 +542,21 @@ class Session:
             self.touch()
         finally:
             self._end_tick()
+
+    def continue_from(
+        self, epoch: int, prompt: str | None = None, controls: Sequence[ControlInput] = ()
+    ) -> None:
+        """A session restored from a checkpoint (``realtime.scale.resume``), before its first
+        tick: it continues the epochs its client already holds frames of (the epoch moves to
+        ``epoch``, never back, and the executor's stage runner is fenced there, as after an
+        interrupt), with the sticky ``prompt`` and ``controls`` its last committed tick left."""
+        if self.ticks_committed or self._ticking:
+            raise RuntimeError("continue_from() is for a restored session before its first tick")
+        if epoch > self._epoch:
+            self._epoch = epoch
+            self._executor.fence(self.session_id, self._epoch)
+        self._prompt = prompt
+        self._controls = {c.track: c for c in controls}
 
     def interrupt(self) -> bool:
         """Supersede the session's work in flight, keeping everything else: the one call of a

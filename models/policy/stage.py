@@ -67,6 +67,14 @@ class PolicyStage:
     def release_state(self, session_id: str, slot: int, state: object) -> None:
         self._states[slot] = None
 
+    def seed_state(self, slot: int, chunk: np.ndarray, latency_s: float, delivered_at: float) -> None:
+        """Continue a session's state from elsewhere (another replica's checkpoint): as if
+        ``chunk`` was delivered at ``delivered_at`` (``time.monotonic()``) after ``latency_s``.
+        Called on the loop thread between the session's ticks (none in flight)."""
+        state = self._states[slot]
+        if state is not None:
+            state.commit(chunk, latency_s, delivered_at)
+
     def forward(self, items: Sequence[StageItem]) -> list[PolicyChunk]:
         start = time.perf_counter()
         now = time.monotonic()

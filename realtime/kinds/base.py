@@ -31,6 +31,7 @@ from starlette.websockets import WebSocket
 from realtime.config import DeployConfig
 from realtime.connection import KindHandler, run_connection
 from realtime.connections import ConnectionRegistry
+from realtime.scale.resume import Checkpointer
 from realtime.ws import serve_websocket
 from sessions.engine.protocol import StageRunner
 from sessions.manager import SessionManager
@@ -55,6 +56,8 @@ class ServerContext:
     config: DeployConfig
     registry: CollectorRegistry
     connections: ConnectionRegistry
+    #: Replicas only (``realtime serve --replicas``): where kinds checkpoint resumable sessions.
+    checkpointer: Checkpointer | None = None
 
 
 class SessionKindService(Protocol):

@@ -33,6 +33,7 @@ from realtime.protocols.oai_realtime import CodecOptions, Handshake, Limits, Rej
 from realtime.protocols.oai_realtime import client_events as ce
 from realtime.protocols.oai_realtime import server_events as ev
 from realtime.protocols.oai_realtime.wire import new_id
+from realtime.scale.resume import DuplexState, decode, restoring
 from sessions.errors import SessionError
 from sessions.identities import allocated_elsewhere
 from sessions.session import SessionStatus
@@ -141,6 +142,15 @@ class DuplexHandler:
         elif self.ds.owned_by(conn):  # else resumed on another socket: this one ends (_Replaced)
             self.ds.session.touch()
             await self._command(conn, self.ds, item)
+        self._checkpoint(conn)
+
+    def _checkpoint(self, conn: Connection) -> None:
+        """After the runner's step: the session's state to the replica's checkpointer (coalesced)."""
+        checkpointer, ds = self.service.ctx.checkpointer, self.ds
+        if checkpointer is not None and ds is not None and ds.owned_by(conn):
+            # within the store's bound per session, with room for the rest of the state
+            budget = self.service.ctx.config.replicas.checkpoint_max_bytes * 3 // 4
+            checkpointer.save(ds.session_id, "duplex", lambda: ds.state(budget))
 
     # -- before a session (autostart=0) ---------------------------------------------------
     async def _before_session(self, conn: Connection, item: Any) -> None:
@@ -156,6 +166,8 @@ class DuplexHandler:
         manager = self.service.manager
         assert manager is not None
         session = manager.find(item.session_id)
+        if session is None and await self._restore(conn, item):
+            return
         if session is None or session.status is not SessionStatus.ACTIVE or session.kind_state is None:
             reason = manager.close_reason(item.session_id) or (session.close_reason if session else None)
             if reason is not None:
@@ -184,6 +196,36 @@ class DuplexHandler:
         conn.adopt(session)  # this runner owns the session now (the manager ends its grace)
         self.ds = ds
         ds.resume(conn, item.last_received_server_event_seq, opus=self.audio == OPUS)
+
+    async def _restore(self, conn: Connection, item: dc.SessionResume) -> bool:
+        """Resume a session of a gone replica from the checkpoint the session check found for it
+        (``realtime.scale.resume``): same id, epoch, token and journal; the model's context starts
+        empty. False when there is none to restore (the caller answers as for any unknown id)."""
+        checkpointer, checkpoint = self.service.ctx.checkpointer, restoring(conn.ws.scope)
+        if checkpointer is None or checkpoint is None or checkpoint.session_id != item.session_id:
+            return False
+        state = await asyncio.to_thread(decode, checkpoint)
+        if not isinstance(state, DuplexState):
+            return False
+        if not hmac.compare_digest(state.resume_token.encode(), item.resume_token.encode()):
+            await self._direct(
+                conn, _error("invalid_resume_token", "The resume token does not match the session.")
+            )
+            return True
+        try:
+            session = await conn.create_session(session_id=item.session_id)
+        except SessionError as exc:
+            await self._direct(conn, Rejected(exc.code, exc.message, type=errors.SERVER_ERROR))
+            conn.end("capacity", exc.message)
+            return True
+        checkpointer.adopt(checkpoint)
+        session.continue_from(state.epoch)
+        assert self.service.engine is not None
+        await self.service.engine.open(session.session_id)
+        ds = self.ds = self.service.new_session(conn, self.handshake, self.config)
+        ds.restore(state, item.last_received_server_event_seq)
+        ds.resume(conn, item.last_received_server_event_seq, opus=self.audio == OPUS)
+        return True
 
     # -- client events --------------------------------------------------------------------
     async def _command(self, conn: Connection, ds: DuplexSession, item: Any) -> None:

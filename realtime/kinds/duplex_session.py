@@ -48,6 +48,7 @@ from realtime.protocols.duplex.journal import Journal
 from realtime.protocols.duplex.opus import OggOpusEncoder
 from realtime.protocols.duplex.turns import ModelStep, Turns
 from realtime.protocols.oai_realtime import server_events as ev
+from realtime.scale.resume import DuplexState
 from sessions.session import Session
 
 _DELTAS = (ev.AudioDelta, ev.TranscriptDelta)
@@ -342,6 +343,23 @@ class DuplexSession:
         self.apply_outputs()
         replayed = len(entries) + self.journal.last_seq - before
         self.emit([de.SessionResumed(self.session_id, self.resume_token, replayed)])
+
+    def state(self, max_journal_bytes: int) -> DuplexState:
+        """What a checkpoint keeps of this session (``realtime.scale.resume``): the newest
+        ``max_journal_bytes`` of its journal (a resume from before them is a gap: resync)."""
+        last_seq, trimmed_to, entries = self.journal.snapshot(max_journal_bytes)
+        return DuplexState(
+            self.resume_token, self.epoch, self.turns.conversation_id, last_seq, trimmed_to, entries
+        )
+
+    def restore(self, state: DuplexState, cursor: int) -> None:
+        """Continue the session ``state`` was taken of (its id and epoch are the ``Session``'s):
+        its journal, resume token and conversation id. The model's context starts empty. Events
+        the client got after the checkpoint (its ``cursor`` is past it) are not in it: seqs go on
+        after the cursor, so none is reused."""
+        self.journal.restore(max(state.last_seq, cursor), state.trimmed_to, state.entries)
+        self.resume_token = state.resume_token
+        self.turns.conversation_id = state.conversation_id
 
     def replaced_frame(self) -> str | None:
         """``session.replaced`` for the socket a resume took the session from (not journaled)."""

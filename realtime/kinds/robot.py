@@ -47,6 +47,7 @@ from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, Server
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
 from realtime.logs import log_internal_error
 from realtime.protocols import openpi
+from realtime.scale.resume import RobotState, robot_key
 from realtime.ws import CloseCode
 from sessions.engine import StageEngine
 from sessions.engine.dispatch import ArrivalAware, Coalescing, DispatchPolicy
@@ -152,6 +153,7 @@ class RobotService(KindServiceBase):
         self.policy: Policy | None = None
         self.metadata: dict[str, Any] = {}
         self.engine: StageEngine | None = None
+        self.stage: PolicyStage | None = None
         self.errors = Counter(
             "realtime_robot_errors",
             "OpenPI error replies and fatal closes by code",
@@ -187,7 +189,7 @@ class RobotService(KindServiceBase):
     async def start(self) -> None:
         cfg = self.config
         assert self.policy is not None, "load() runs before start()"
-        stage = PolicyStage(self.policy, name="robot-policy")
+        stage = self.stage = PolicyStage(self.policy, name="robot-policy")
         self.runner = self.engine = StageEngine(
             stage, registry=self.ctx.registry, max_batch=cfg.max_batch, dispatch=dispatch_policy(cfg)
         )
@@ -228,6 +230,7 @@ class _RobotHandler:
             check_prompt=check_prompt,
         )
         self.episode: str | None = None
+        self.last: RobotState | None = None  # the episode's last chunk (checkpointed)
         self.prev_total_ms: float | None = None
         self.received_at = 0.0
 
@@ -271,6 +274,7 @@ class _RobotHandler:
                 if self.episode is not None:
                     await manager.reset(session.session_id)
                 self.episode = cmd.session_id
+                await self._restore(session.session_id, cmd.session_id)
             try:
                 prepared = policy.prepare(cmd.observation)  # validation only: cheap by contract
             except ObservationError as exc:
@@ -288,7 +292,30 @@ class _RobotHandler:
         if self.prev_total_ms is not None:
             server_timing["prev_total_ms"] = self.prev_total_ms
         policy_timing = {"infer_ms": chunk.forward_ms, "batch_size": float(chunk.batch_size)}
+        self._checkpoint(session.session_id, chunk.actions, server_timing["infer_ms"] / 1000.0)
         return openpi.Actions(cmd.seq, chunk.actions, server_timing, policy_timing)
+
+    def _checkpoint(self, session_id: str, actions: Any, latency_s: float) -> None:
+        """A named episode's chunk to the replica's checkpointer (coalesced), keyed by the episode."""
+        checkpointer = self.service.ctx.checkpointer
+        if checkpointer is None or self.episode is None:
+            return
+        self.last = RobotState(actions, latency_s, time.time())
+        checkpointer.save(session_id, "robot", lambda: self.last, key=robot_key(self.episode))
+
+    async def _restore(self, session_id: str, episode: str) -> None:
+        """An episode whose replica is gone goes on here: its last chunk guides the next (RTC)."""
+        checkpointer, engine, stage = self.service.ctx.checkpointer, self.service.engine, self.service.stage
+        if checkpointer is None or engine is None or stage is None:
+            return
+        loaded = await checkpointer.load(robot_key(episode))
+        if loaded is None or not isinstance(loaded[1], RobotState):
+            return
+        slot = await engine.open(session_id)  # else it opens at the first tick; idempotent
+        checkpoint, state = loaded
+        checkpointer.adopt(checkpoint, session_id)
+        age_s = max(0.0, time.time() - state.delivered_wall)
+        stage.seed_state(slot.index, state.actions, state.latency_s, time.monotonic() - age_s)
 
     async def _send(self, conn: Connection, out: openpi.Outbound) -> None:
         await conn.send(*out.frames)

@@ -116,4 +116,5 @@ def build_session_manager(
         limits=session_limits(runtime),
         registry=ctx.registry,
         resume_grace_s=resume_grace_s,
+        on_release=ctx.checkpointer.discard if ctx.checkpointer is not None else None,
     )

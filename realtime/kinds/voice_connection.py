@@ -49,6 +49,7 @@ from realtime.protocols.oai_realtime.output import ResponseOutput, refusal
 from realtime.protocols.oai_realtime.responses import ResponseSettings
 from realtime.protocols.oai_realtime.session_config import AudioFormat, ToolChoiceFunction, as_server_vad
 from realtime.protocols.oai_realtime.wire import new_id
+from realtime.scale.resume import VoiceState, decode, restoring
 from sessions.engine.errors import StaleEpochError
 from sessions.errors import SessionError, TickSupersededError
 from sessions.session import Session, SessionStatus
@@ -96,7 +97,7 @@ class VoiceHandler:
         self.config = defaults
         self.session: Session | None = None
         self.ready = asyncio.Event()  # the session is open: the reader may decode
-        self.session_id = new_id("sess")
+        self.session_id = ""  # the manager's id (routable), once opened
         self.conversation_id = new_id("conv")
         self.expires_at = int(time.time() + self.vc.max_lifetime_s) if self.vc.max_lifetime_s > 0 else 0
         self.items = Conversation(self.vc.max_conversation_items)
@@ -114,8 +115,12 @@ class VoiceHandler:
 
     # -- KindHandler ----------------------------------------------------------------------
     async def opened(self, conn: Connection) -> None:
+        checkpointer, checkpoint = self.service.ctx.checkpointer, restoring(conn.ws.scope)
+        state = None
+        if checkpointer is not None and checkpoint is not None and checkpoint.kind == "voice":
+            state = await asyncio.to_thread(decode, checkpoint)
         try:
-            session = await conn.create_session()
+            session = await conn.create_session(session_id=checkpoint.session_id if state else None)
             for engine in (self.service.vad_engine, self.service.asr_engine):
                 assert engine is not None
                 await engine.open(session.session_id)
@@ -125,9 +130,37 @@ class VoiceHandler:
             return
         session.on_lifetime_warning = lambda left: conn.post(_Expiring(left))
         self.session = session
+        self.session_id = session.session_id  # routable: a reconnect naming it reaches this session
+        restored: list[ev.ServerEvent] = []
+        if isinstance(state, VoiceState) and checkpointer is not None and checkpoint is not None:
+            checkpointer.adopt(checkpoint)
+            restored = self._restore(state)
         self.ready.set()
         created = ev.SessionCreated(self.session_id, self.expires_at, self.config)
-        await self._send(conn, created, ev.ConversationCreated(self.conversation_id))
+        await self._send(conn, created, ev.ConversationCreated(self.conversation_id), *restored)
+
+    def _restore(self, state: VoiceState) -> list[ev.ServerEvent]:
+        """Continue a session of a gone replica (``realtime.scale.resume``): its config and
+        conversation; the events that show the client its items again. The LLM's KV is
+        recomputed from the items at the next response (one prefill of the conversation)."""
+        self.config = self.codec.config = state.config
+        self.turn = self._turn_detector(self.config)
+        self.items.restore(state.items)
+        events: list[ev.ServerEvent] = []
+        previous = None
+        for item in self.items.items():
+            events += [ev.ItemAdded(item, previous), ev.ItemDone(item, previous)]
+            previous = item.id
+        return events
+
+    def _checkpoint(self) -> None:
+        """After the runner's step: config and items to the replica's checkpointer (coalesced)."""
+        checkpointer = self.service.ctx.checkpointer
+        if checkpointer is not None and self.session is not None:
+            checkpointer.save(self.session.session_id, "voice", self._state)
+
+    def _state(self) -> VoiceState:
+        return VoiceState(self.config, self.items.snapshot())
 
     async def decode(self, message: str | bytes) -> Any:
         """The reader's step, in order: parse; an append goes through the VAD here (the reader
@@ -168,6 +201,7 @@ class VoiceHandler:
             case _:
                 session.touch()  # a client's command: the session is active
                 await self._command(conn, item)
+        self._checkpoint()
 
     async def _command(self, conn: Connection, item: Any) -> None:
         match item:

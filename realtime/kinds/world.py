@@ -60,6 +60,7 @@ from realtime.kinds.world_pacing import PlaybackPacer
 from realtime.kinds.world_timing import StageTimer
 from realtime.media.stage import EncodedMedia, MediaEncodeStage, MediaSettings
 from realtime.protocols import world as proto
+from realtime.scale.resume import WorldState, decode, restoring
 from sessions.capacity import CapacityPlan, MemoryDeclaration, paced_capacity, with_compute_limit
 from sessions.engine import Pipeline, PipelineResult, StageEngine
 from sessions.errors import SessionError, TickSupersededError, TransientError
@@ -401,6 +402,7 @@ class _WorldHandler:
         self.client_ts: dict[int, float] = {}  # event id -> client timestamp, until applied
         self.accepted_at: dict[int, float] = {}  # event id -> time.monotonic() accepted, until applied
         self.queue_sends: list[asyncio.Task] = []  # session.queued frames on their way (_queued)
+        self.chunks_before = 0  # a restored session's chunks on its earlier replicas
 
     async def opened(self, conn: Connection) -> None:
         bad = proto.check_version(self.protocol_version)
@@ -454,8 +456,14 @@ class _WorldHandler:
             await conn.send(self._error(proto.ErrorCode.INVALID_MESSAGE, unknown))
             conn.end("protocol", unknown)  # the codec counts the start as made: no second one on this socket
             return
+        restored = await self._restored(conn)
+        if restored is not None:
+            cmd = restored[1].start
         try:
-            session = await conn.create_session(on_queue_position=functools.partial(self._queued, conn))
+            session = await conn.create_session(
+                on_queue_position=functools.partial(self._queued, conn),
+                session_id=restored[0] if restored else None,
+            )
         except SessionError as exc:
             await conn.send(self._error(exc.code, exc.message))
             conn.end("capacity", exc.message)
@@ -473,7 +481,37 @@ class _WorldHandler:
             cmd.fps, wc.pacing_margin_s, wc.pacing_window, wc.max_ahead_blocks * block_s
         )
         caps = {**self.service.capabilities(), "fps": cmd.fps, "format": cmd.format, "pacing": cmd.pacing}
+        if restored is not None:
+            state = restored[1]
+            session.continue_from(state.epoch, state.prompt, state.controls)
+            self.chunks_before = state.chunks
         await conn.send(proto.render_created(session.session_id, caps))
+
+    async def _restored(self, conn: Connection) -> tuple[str, WorldState] | None:
+        """The session of a gone replica this socket names, from the checkpoint the session check
+        found (``realtime.scale.resume``): it starts again with its start command, prompt and
+        controls, at chunk 0 (the KV is not recomputed: the world restarts from its seed)."""
+        checkpointer, checkpoint = self.service.ctx.checkpointer, restoring(conn.ws.scope)
+        if checkpointer is None or checkpoint is None or checkpoint.kind != "world":
+            return None
+        state = await asyncio.to_thread(decode, checkpoint)
+        if not isinstance(state, WorldState):
+            return None
+        checkpointer.adopt(checkpoint)
+        return checkpoint.session_id, state
+
+    def _checkpoint(self, conn: Connection) -> None:
+        """After a committed chunk: the session's state to the replica's checkpointer (coalesced)."""
+        checkpointer, session, start = self.service.ctx.checkpointer, conn.session, self.start
+        if checkpointer is None or session is None or start is None:
+            return
+
+        def state() -> WorldState:
+            controls = tuple(session.controls.values())
+            chunks = self.chunks_before + session.chunk_index
+            return WorldState(start, session.prompt, controls, session.epoch, chunks)
+
+        checkpointer.save(session.session_id, "world", state)
 
     def _event(self, conn: Connection, cmd: proto.Event) -> str:
         """Accept or refuse one event at once; the ack or typed error to send."""
@@ -573,6 +611,7 @@ class _WorldHandler:
             await conn.send(self._error(error.code, f"{error.message}; send session.reset"))
             return
         result: TickOutput[PipelineResult] = done.result
+        self._checkpoint(conn)
         meta = self._chunk_metadata(result, done)
         frames = meta["frame_count"]
         self.unsent += 1

@@ -14,6 +14,8 @@ closed with 1001 like the single server's), deletes the app and its checkpoint s
 disconnects from Ray (a local instance ends with it). Exit status: 0 after
 a signal, 1 when a replica's model load failed or the app did not deploy, 2 for a config the
 replicas cannot run.
+
+:func:`drain_replica` is ``realtime drain REPLICA``: one replica's sessions moved to the others.
 """
 
 from __future__ import annotations
@@ -183,7 +185,12 @@ def serve_replicas(
         if failure is None:
             log.info(
                 "ready",
-                extra={"url": url, "replicas": num_replicas, "kinds": ",".join(config.enabled_kinds())},
+                extra={
+                    "url": url,
+                    "replicas": num_replicas,
+                    "kinds": ",".join(config.enabled_kinds()),
+                    "ray_address": ray.get_runtime_context().gcs_address,  # for realtime drain
+                },
             )
             stop.wait()
         elif failure != "stopped":
@@ -200,6 +207,43 @@ def serve_replicas(
             ray.shutdown()  # a local instance ends with it; a cluster keeps Serve for its other apps
         log.info("stopped", extra={"seconds": round(time.monotonic() - started, 1), **drained})
     return status
+
+
+def drain_replica(config: DeployConfig, tag: str, ray_address: str | None) -> int:
+    """``realtime drain REPLICA``: move replica ``tag``'s sessions to the others
+    (``RealtimeReplica.move_sessions``) on the local Ray instance (``auto``) or the cluster at
+    ``ray_address`` (the ``ray_address=`` of ``realtime serve --replicas``'s ready line). Prints
+    the counts; exit 0, 1 when the call (or joining the cluster) failed, 2 for no such replica."""
+    try:
+        ray.init(address=ray_address or "auto", logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        print(
+            f"realtime: cannot join the Ray cluster at {ray_address or 'auto'}: {str(exc).splitlines()[0]} "
+            "(a cluster with token authentication, as a local one of Ray 2.60, needs RAY_AUTH_MODE=token "
+            "in the environment when its address is given)",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        peers = Peers(config.replicas.app_name, tag="", timeout_s=config.server.shutdown_timeout_s)
+        tags = peers.tags()
+        if tag not in tags:
+            print(f"realtime: no replica {tag!r}; replicas: {', '.join(tags) or 'none'}", file=sys.stderr)
+            return 2
+        settle_s = 2 * config.replicas.stats_period_s
+        call = peers.call("move_sessions", tag).remote(tag)
+        try:
+            result = call.result(timeout_s=settle_s + config.server.shutdown_timeout_s + 30)
+        except Exception as exc:  # noqa: BLE001 - the replica died, or did not answer: say so
+            print(f"realtime: draining {tag} failed: {str(exc).splitlines()[0]}", file=sys.stderr)
+            return 1
+        if result is None:
+            print(f"realtime: the call did not reach replica {tag}", file=sys.stderr)
+            return 1
+        print(json.dumps({"replica": tag, **result}), flush=True)
+        return 0
+    finally:
+        ray.shutdown()
 
 
 def drain(app_name: str, timeout_s: float) -> dict[str, int]:

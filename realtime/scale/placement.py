@@ -9,7 +9,9 @@ router adds the new sessions it placed itself since each replica's last report
 :func:`rank` returns ranks of replica tags, best first (Serve tries them in order, and within a
 rank picks the replica with the fewest requests in flight):
 
-1. a request naming a session whose replica is live: that replica alone (affinity);
+1. a request naming a session whose replica is live: that replica alone (affinity); a websocket
+   opening a kind whose owner is draining (not ready: ``realtime drain``) is placed as in 2, so
+   its session resumes elsewhere (calls between replicas, which open no kind, still reach it);
 2. a new session of kind K (also one naming a session whose replica is gone): the ready replicas
    with free capacity for K, grouped by load (occupied + placed, over capacity) from the least
    loaded; a tie is broken by Serve's in-flight count, never by a hash;
@@ -122,7 +124,9 @@ def rank(
 ) -> list[list[str]]:
     """Ranks of replica tags for ``request``, best first (module docstring)."""
     if request.owner is not None and request.owner in reports:
-        return [[request.owner]]
+        owner = reports[request.owner]
+        if request.kind is None or owner is None or owner.ready:
+            return [[request.owner]]
     ready = [tag for tag, r in reports.items() if r is not None and r.ready]
     ranks: list[list[str]] = []
     kind = request.kind

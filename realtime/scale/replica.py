@@ -8,8 +8,10 @@ A replica, at startup (``__serve_build_asgi_app__``, in the replica's process):
   session id it allocates names it, which is what the session router routes on;
 - builds the app of the deploy config with the cluster-wide views in front of its own
   (``realtime.scale.views``) and the session check behind the guard
-  (``realtime.scale.session_check``), and a client of the cluster's checkpoint store
-  (``realtime.scale.checkpoints``; ``/v1/status`` reports what it holds);
+  (``realtime.scale.session_check``: a gone replica's sessions are restored here), with a client
+  of the cluster's checkpoint store (``realtime.scale.checkpoints``; ``/v1/status`` reports what
+  it holds) and the ``Checkpointer`` its kinds save their sessions through
+  (``realtime.scale.resume``);
 - loads its models as the single server does (the app's lifespan: ``/readyz`` and the routing
   report say when it is ready; Serve's health check fails once a load failed).
 
@@ -36,6 +38,7 @@ from realtime.config import DeployConfig
 from realtime.logs import configure_logging
 from realtime.scale.affinity import replica_key, websocket_routes
 from realtime.scale.checkpoints import RayCheckpointStore
+from realtime.scale.resume import Checkpointer
 from realtime.scale.session_check import SessionCheck
 from realtime.scale.views import ClusterViews, Snapshot, report, snapshot
 from sessions.identities import set_replica_tag
@@ -100,16 +103,19 @@ class RealtimeReplica:
         self.tag = context.replica_id.unique_id
         set_replica_tag(self.tag)
         peers = Peers(context.app_name, self.tag, config.replicas.peer_timeout_s)
-        self.store = RayCheckpointStore(config.replicas, context.app_name)  # phase 2: kinds' checkpoints
+        self.store = RayCheckpointStore(config.replicas, context.app_name)
         views = ClusterViews(
             self._gather(peers),
             tuple(config.enabled_kinds()),
             checkpoints=self.store.stats,
             timeout_s=config.replicas.peer_timeout_s,
         )
-        app = self._app = create_app(config, routes_first=views.routes())
+        self.checkpointer = Checkpointer(self.store, config.replicas.checkpoint_interval_s)
+        app = self._app = create_app(config, routes_first=views.routes(), checkpointer=self.checkpointer)
         # appended, so it runs after the guard (keys, origin) and before the routes
-        app.user_middleware.append(Middleware(SessionCheck, tag=self.tag))
+        app.user_middleware.append(
+            Middleware(SessionCheck, tag=self.tag, store=self.store, timeout_s=config.replicas.peer_timeout_s)
+        )
         state = app.state.rt
         state.open_connections = lambda: len(state.context.connections)  # Serve counts the rest
         self.routes = websocket_routes(state.kinds)
@@ -145,6 +151,18 @@ class RealtimeReplica:
         if tag != self.tag or self._app is None:
             return None
         result = await self._state().drain()
+        return {"closed": result.closed, "aborted": result.aborted, "undrained": result.undrained}
+
+    async def move_sessions(self, tag: str) -> dict[str, int] | None:
+        """``realtime drain``: move this replica's sessions away (``AppState.move_sessions``: the
+        routers hear it is draining within two stats periods, every session's state is
+        checkpointed, every websocket closed with 1012 and its client's reconnect resumed on
+        another replica). The replica stays, serving nothing new, until Serve removes it.
+        ``None`` when the call reached another replica."""
+        if tag != self.tag or self._app is None:
+            return None
+        result = await self._state().move_sessions(2 * self.config.replicas.stats_period_s)
+        log.info("drained", extra={"replica": self.tag, "closed": result.closed})
         return {"closed": result.closed, "aborted": result.aborted, "undrained": result.undrained}
 
     async def check_health(self) -> None:

@@ -11,6 +11,8 @@ import contextlib
 import json
 import os
 import signal
+import sys
+from asyncio.subprocess import PIPE
 
 import httpx
 import pytest
@@ -167,22 +169,113 @@ async def watch(ws) -> tuple[int | None, str | None]:
     return ws.close_code, ws.close_reason
 
 
-async def test_losing_a_replica_fails_only_its_sessions_with_1012(cluster):
-    sockets = []
-    for _ in range(4):  # two per replica
+async def events_after(ws, seconds: float) -> list[dict]:
+    """The duplex events that arrive within ``seconds`` (the model never goes quiet)."""
+    out = []
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            while True:
+                out.append(json.loads(await ws.recv()))
+    return out
+
+
+async def resume_duplex(cluster, sid: str, token: str, cursor: int) -> tuple[dict, list[dict]]:
+    """Reconnect naming ``sid`` and resume from ``cursor``: (``session.resumed``, the replay)."""
+    ws = await websockets.connect(f"{cluster.ws}/v1/duplex?autostart=0&session_id={sid}")
+    await ws.send(
+        json.dumps(
+            {
+                "type": "session.resume",
+                "session_id": sid,
+                "resume_token": token,
+                "last_received_server_event_seq": cursor,
+            }
+        )
+    )
+    replay = []
+    while (event := json.loads(await asyncio.wait_for(ws.recv(), 30)))["type"] not in (
+        "session.resumed",
+        "error",
+    ):
+        replay.append(event)
+    await ws.close()
+    return event, replay
+
+
+async def one_per_replica(open_one, name_of, close) -> list:
+    """Open sessions until each replica holds one of them (a cold cluster's routers may not have
+    both replicas' routing stats yet: a repeat lands on the same replica, is closed, retried)."""
+    held: dict[str, object] = {}
+    for _ in range(20):
+        opened = await open_one()
+        tag = session_replica_tag(name_of(opened))
+        if tag in held:
+            await close(opened)
+            await asyncio.sleep(0.5)
+        else:
+            held[tag] = opened
+        if len(held) == 2:
+            return list(held.values())
+    raise AssertionError("new sessions never reached both replicas")
+
+
+async def duplex_per_replica(cluster) -> list[tuple[websockets.ClientConnection, str, str]]:
+    async def open_one():  # noqa: ANN202
         ws, created = await duplex(cluster)
-        sockets.append((ws, created["session"]["id"]))
+        return ws, created["session"]["id"], created["resume_token"]
+
+    async def close(opened) -> None:  # noqa: ANN001 - released at once: no resume grace held
+        await opened[0].send(json.dumps({"type": "session.close"}))
+        await opened[0].close()
+
+    return await one_per_replica(open_one, lambda o: o[1], close)
+
+
+async def voice_with_an_item(openai: AsyncOpenAI, stack: contextlib.AsyncExitStack, text: str) -> str:
+    """A voice session (the unmodified OpenAI client) holding one user item saying ``text``."""
+    conn = await stack.enter_async_context(openai.realtime.connect(model="gpt-realtime", max_retries=0))
+    created = await asyncio.wait_for(conn.recv(), 30)
+    await conn.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    )
+    while (await asyncio.wait_for(conn.recv(), 30)).type != "conversation.item.done":
+        pass
+    return created.session.id
+
+
+async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resume_on_the_other(cluster):
+    sockets = await duplex_per_replica(cluster)  # each holds 2: the survivor has room for the lost one
     robots = [await asyncio.to_thread(WebsocketClientPolicy, cluster.ws) for _ in range(2)]
-    status = cluster.status()
-    victim = status["replicas"][0]
-    watchers = {sid: asyncio.create_task(watch(ws)) for ws, sid in sockets}
-    os.kill(victim["pid"], signal.SIGKILL)
-    lost = [sid for _, sid in sockets if session_replica_tag(sid) == victim["replica"]]
-    kept = [sid for _, sid in sockets if sid not in lost]
-    assert len(lost) == len(kept) == 2
-    for sid in lost:
-        assert await asyncio.wait_for(watchers[sid], 30) == (LOST_CODE, LOST_REASON)
-    await asyncio.sleep(1.0)
+    openai = AsyncOpenAI(websocket_base_url=f"{cluster.ws}/v1", api_key="unused")
+    async with contextlib.AsyncExitStack() as voices:
+
+        async def open_voice():  # noqa: ANN202
+            stack = await voices.enter_async_context(contextlib.AsyncExitStack())
+            return stack, await voice_with_an_item(openai, stack, "remember this")
+
+        spoken = [
+            sid for _, sid in await one_per_replica(open_voice, lambda o: o[1], lambda o: o[0].aclose())
+        ]
+        cursors = {}
+        for ws, sid, _ in sockets:  # what each client holds when its replica dies
+            cursors[sid] = max(e["server_event_seq"] for e in await events_after(ws, 0.3))
+        await asyncio.sleep(0.5)  # > replicas.checkpoint_interval_s: the newest state is stored
+        victim = cluster.status()["replicas"][0]
+        watchers = {sid: asyncio.create_task(watch(ws)) for ws, sid, _ in sockets}
+        os.kill(victim["pid"], signal.SIGKILL)
+        lost = [(sid, token) for _, sid, token in sockets if session_replica_tag(sid) == victim["replica"]]
+        kept = [sid for _, sid, _ in sockets if session_replica_tag(sid) != victim["replica"]]
+        assert len(lost) == len(kept) == 1
+        for sid, _ in lost:
+            assert await asyncio.wait_for(watchers[sid], 30) == (LOST_CODE, LOST_REASON)
+    # each lost duplex session resumes on the other replica: same id, its journal replayed
+    # from the client's cursor (what the client had read before the last checkpoint)
+    for sid, token in lost:
+        resumed, replay = await resume_duplex(cluster, sid, token, cursors[sid])
+        assert resumed["type"] == "session.resumed" and resumed["session_id"] == sid, resumed
+        seqs = [e["server_event_seq"] for e in replay]
+        assert seqs == list(range(cursors[sid] + 1, cursors[sid] + 1 + len(seqs)))
+    assert sorted(cluster.occupied("duplex").values())[-1] == 2, "the lost session lives on the other"
     assert not any(watchers[sid].done() for sid in kept), "the other replica's sessions go on"
     served = 0
     for robot in robots:  # one robot was on the lost replica; its socket is closed
@@ -190,13 +283,24 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012(cluster):
             await asyncio.to_thread(robot.infer, examples.libero())
             served += 1
     assert served == 1
-    # a reconnect naming a lost session fails fast and typed
-    ws = await websockets.connect(f"{cluster.ws}/v1/duplex?autostart=0&session_id={lost[0]}")
+    # the lost voice session: a reconnect naming it gets its id and its conversation back
+    lost_voice = next(sid for sid in spoken if session_replica_tag(sid) == victim["replica"])
+    async with openai.realtime.connect(
+        model="gpt-realtime", extra_query={"session_id": lost_voice}, max_retries=0
+    ) as conn:
+        created = await asyncio.wait_for(conn.recv(), 30)
+        assert created.type == "session.created" and created.session.id == lost_voice
+        events = [await asyncio.wait_for(conn.recv(), 30) for _ in range(3)]
+        items = [e.item for e in events if e.type == "conversation.item.done"]
+        assert [i.content[0].text for i in items] == ["remember this"], events
+    # a session the lost replica never checkpointed fails fast and typed
+    unknown = f"duplex-{victim['replica']}.0000000000000000"
+    ws = await websockets.connect(f"{cluster.ws}/v1/duplex?autostart=0&session_id={unknown}")
     assert await asyncio.wait_for(watch(ws), 30) == (
         1008,
-        f"session_not_found: {lost[0]} (its replica is gone)",
+        f"session_not_found: {unknown} (its replica is gone)",
     )
-    for ws, _ in sockets:
+    for ws, _, _ in sockets:
         await ws.close()
     for robot in robots:
         with contextlib.suppress(Exception):
@@ -208,3 +312,33 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012(cluster):
         "a replacement replica",
     )
     assert victim["replica"] not in {r["replica"] for r in cluster.status()["replicas"]}
+    cluster.wait_for(lambda: no_duplex_sessions(cluster), 30, "duplex sessions released")
+
+
+async def test_draining_a_replica_moves_its_sessions_to_the_other(cluster):
+    sockets = await duplex_per_replica(cluster)
+    cursors = {sid: max(e["server_event_seq"] for e in await events_after(ws, 0.3)) for ws, sid, _ in sockets}
+    (ws, sid, token), (other_ws, other, _) = sockets
+    tag = session_replica_tag(sid)
+    watchers = {s: asyncio.create_task(watch(w)) for w, s, _ in sockets}
+    drain = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "realtime.cli", "drain", tag, stdout=PIPE, stderr=PIPE
+    )
+    out, err = await asyncio.wait_for(drain.communicate(), 120)
+    assert drain.returncode == 0, err.decode()[-2000:]
+    counts = json.loads(out.decode().splitlines()[-1])
+    assert (
+        counts["replica"] == tag and counts["closed"] >= 1 and counts["aborted"] == counts["undrained"] == 0
+    )
+    code, reason = await asyncio.wait_for(watchers[sid], 30)
+    assert code == 1012 and "reconnect to resume" in reason
+    assert not watchers[other].done(), "the other replica's session goes on"
+    resumed, replay = await resume_duplex(cluster, sid, token, cursors[sid])
+    assert resumed["type"] == "session.resumed" and resumed["session_id"] == sid, resumed
+    assert [e["server_event_seq"] for e in replay] == list(
+        range(cursors[sid] + 1, cursors[sid] + 1 + len(replay))
+    )
+    drained = next(r for r in cluster.status()["replicas"] if r["replica"] == tag)
+    assert drained["draining"] and not drained["ready"]
+    assert cluster.occupied("duplex")[session_replica_tag(other)] == 2, "both live on the other replica"
+    await other_ws.close()

@@ -41,6 +41,8 @@ def test_without_ray_the_server_imports_and_replicas_say_how_to_install_it(tmp_p
     cli = _python(NO_RAY + "from realtime.cli import main\nsys.exit(main(['serve', '--replicas', '2']))")
     assert cli.returncode == 2
     assert "pip install -e '.[ray]'" in cli.stderr and "Traceback" not in cli.stderr
+    drain = _python(NO_RAY + "from realtime.cli import main\nsys.exit(main(['drain', 'abc123']))")
+    assert drain.returncode == 2 and "ray extra" in drain.stderr and "Traceback" not in drain.stderr
 
 
 @pytest.mark.parametrize(

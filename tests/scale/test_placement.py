@@ -31,6 +31,12 @@ def test_a_session_goes_back_to_its_replica_even_when_it_is_full():
     assert rank(Request(owner="a", kind="robot"), reports, Placements()) == [["a"]]
 
 
+def test_a_draining_owner_sends_its_sessions_reconnects_elsewhere_but_still_answers_its_peers():
+    reports = {"a": report("a", ready=False), "b": report("b", duplex=(2, 0))}
+    assert rank(Request(owner="a", kind="duplex"), reports, Placements()) == [["b"], ["a", "b"]]
+    assert rank(Request(owner="a"), reports, Placements()) == [["a"]]  # replica:<a> calls, HTTP
+
+
 def test_new_sessions_go_least_loaded_first_and_ties_stay_in_one_rank():
     reports = {
         "a": report("a", world=(4, 3)),

@@ -69,6 +69,34 @@ class Journal:
         """Entries with ``seq > cursor``, and True when some of them are no longer kept."""
         return [e for e in self._entries if e.seq > cursor], cursor < self._trimmed_to
 
+    def snapshot(self, max_bytes: int | None = None) -> tuple[int, int, tuple[Entry, ...]]:
+        """``(last_seq, trimmed_to, entries)``: what :meth:`restore` rebuilds the journal from;
+        with ``max_bytes`` only the newest entries whose frames fit (the older count as trimmed)."""
+        if max_bytes is None or self._bytes <= max_bytes:
+            return self._last_seq, self._trimmed_to, tuple(self._entries)
+        kept: list[Entry] = []
+        size = 0
+        for entry in reversed(self._entries):
+            size += len(entry.frame)
+            if size > max_bytes:
+                return self._last_seq, max(self._trimmed_to, entry.seq), tuple(reversed(kept))
+            kept.append(entry)
+        return self._last_seq, self._trimmed_to, tuple(reversed(kept))
+
+    def restore(self, last_seq: int, trimmed_to: int, entries: tuple[Entry, ...]) -> None:
+        """Continue a journal taken by :meth:`snapshot` (a session resumed on another replica):
+        seqs go on after ``last_seq``; the entries beyond this journal's bounds are trimmed."""
+        self._entries = deque()
+        self._bytes = 0
+        self._last_seq, self._trimmed_to = last_seq, trimmed_to
+        for entry in entries:
+            self._entries.append(entry)
+            self._bytes += len(entry.frame)
+        while self._entries and (len(self._entries) > self.max_events or self._bytes > self.max_bytes):
+            old = self._entries.popleft()
+            self._bytes -= len(old.frame)
+            self._trimmed_to = old.seq
+
     def first_available(self) -> int:
         return self._entries[0].seq if self._entries else self._last_seq + 1
 

@@ -87,6 +87,15 @@ class Conversation:
         self._entries = dict(entries)
         return self.previous_of(item.id)
 
+    def snapshot(self) -> tuple[tuple[Item, int], ...]:
+        """Every item with its generated audio ms, in order (what :meth:`restore` takes)."""
+        return tuple((e.item, e.audio_ms) for e in self._entries.values())
+
+    def restore(self, entries: tuple[tuple[Item, int], ...]) -> None:
+        """Continue a conversation :meth:`snapshot` took (the newest ``max_items`` of it)."""
+        kept = entries[max(0, len(entries) - self.max_items) :]
+        self._entries = {item.id: Entry(item, audio_ms) for item, audio_ms in kept}
+
     def last_id(self) -> str | None:
         """The id of the last item (``None`` when empty)."""
         return next(reversed(self._entries), None)
