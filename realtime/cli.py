@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 from realtime import __version__
 from realtime.config import ConfigError, DeployConfig, load_config
@@ -68,43 +69,52 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _serve_replicas(args: argparse.Namespace, config: DeployConfig) -> int:
+def _load(args: argparse.Namespace) -> DeployConfig | None:
+    """The deploy config ``--config`` names, or ``None`` after one line saying what is wrong."""
     try:
-        from realtime.scale.launch import serve_replicas  # Ray is an optional extra
+        return load_config(args.config)
+    except ConfigError as exc:
+        print(f"realtime: {exc}", file=sys.stderr)
+        return None
+
+
+def _scale_launch(what: str) -> Any:
+    """``realtime.scale.launch``, or ``None`` after one line naming the ray extra (optional)."""
+    try:
+        from realtime.scale import launch
     except ImportError as exc:
         if (exc.name or "").split(".")[0] != "ray":
             raise
         print(
-            "realtime: --replicas runs on Ray Serve, an optional extra: "
+            f"realtime: {what} runs on Ray Serve, the ray extra: "
             "pip install 'realtime-sessions[ray]' (in a checkout: pip install -e '.[ray]')",
             file=sys.stderr,
         )
+        return None
+    return launch
+
+
+def _serve_replicas(args: argparse.Namespace, config: DeployConfig) -> int:
+    launch = _scale_launch("--replicas")
+    if launch is None:
         return 2
     name = args.config or "deploy/default.yaml"
-    return serve_replicas(config, name, args.replicas, args.ray_address, host=args.host, port=args.port)
+    return launch.serve_replicas(
+        config, name, args.replicas, args.ray_address, host=args.host, port=args.port
+    )
 
 
 def _drain(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"realtime: {exc}", file=sys.stderr)
+    config = _load(args)
+    launch = _scale_launch("drain") if config is not None else None
+    if launch is None:
         return 2
-    try:
-        from realtime.scale.launch import drain_replica  # Ray is an optional extra
-    except ImportError as exc:
-        if (exc.name or "").split(".")[0] != "ray":
-            raise
-        print("realtime: drain needs the ray extra: pip install 'realtime-sessions[ray]'", file=sys.stderr)
-        return 2
-    return drain_replica(config, args.replica, args.ray_address)
+    return launch.drain_replica(config, args.replica, args.ray_address)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"realtime: {exc}", file=sys.stderr)
+    config = _load(args)
+    if config is None:
         return 2
     if args.ray_address and args.replicas is None:
         print("realtime: --ray-address needs --replicas N", file=sys.stderr)
