@@ -76,6 +76,7 @@ from starlette.websockets import WebSocket
 from models.voice.weights import WeightsMissing
 from realtime import __version__
 from realtime.auth import OPEN_PATHS, check_request
+from realtime.client_secrets import ClientSecrets
 from realtime.config import DeployConfig
 from realtime.connections import ConnectionRegistry, DrainResult
 from realtime.demo import demo_routes
@@ -284,9 +285,9 @@ class _Guard:
         if not probe and self.state.open_connections() > self.state.max_connections:
             await _refuse(scope, receive, send, 503, "server is at its connection limit", close=True)
             return
-        refusal = check_request(scope, server)
+        refusal = check_request(scope, server, self.state.context.client_secrets)
         if refusal is not None:
-            await _refuse(scope, receive, send, refusal.status, refusal.reason)
+            await _refuse(scope, receive, send, refusal.status, refusal.reason, json_body=refusal.json_body)
             return
         if scope["type"] == "websocket" and (not self.state.ready or self.state.draining):
             reason = "server is shutting down" if self.state.draining else "server is loading models"
@@ -302,15 +303,25 @@ class _Guard:
 
 
 async def _refuse(
-    scope: Scope, receive: Receive, send: Send, status: int, reason: str, close: bool = False
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    status: int,
+    reason: str,
+    close: bool = False,
+    json_body: str | None = None,
 ) -> None:
     """An HTTP error answer, to a request or instead of a websocket upgrade; ``close`` ends the
-    connection after it (no keep-alive)."""
+    connection after it (no keep-alive); ``json_body``: send it (JSON) instead of ``reason``."""
     if scope["type"] == "websocket":
-        await _refuse_handshake(scope, send, status, reason)
+        await _refuse_handshake(scope, send, status, reason, json_body)
         return
     headers = {"connection": "close"} if close else None
-    await PlainTextResponse(reason + "\n", status, headers=headers)(scope, receive, send)
+    if json_body is not None:
+        response: Response = Response(json_body, status, headers=headers, media_type="application/json")
+    else:
+        response = PlainTextResponse(reason + "\n", status, headers=headers)
+    await response(scope, receive, send)
 
 
 async def _try_again_later(scope: Scope, receive: Receive, send: Send, reason: str) -> None:
@@ -325,13 +336,16 @@ async def _accept_and_close(receive: Receive, send: Send, code: int, reason: str
     await send({"type": "websocket.close", "code": code, "reason": close_reason(reason)})
 
 
-async def _refuse_handshake(scope: Scope, send: Send, status: int, reason: str) -> None:
+async def _refuse_handshake(
+    scope: Scope, send: Send, status: int, reason: str, json_body: str | None = None
+) -> None:
     """Answer a websocket handshake with an HTTP error instead of accepting it."""
     if "websocket.http.response" not in scope.get("extensions", {}):
         await send({"type": "websocket.close", "code": CloseCode.POLICY_VIOLATION})  # servers send 403
         return
-    body = (reason + "\n").encode()
-    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+    body, media = (json_body.encode(), b"application/json") if json_body else ((reason + "\n").encode(), None)
+    content_type = media or b"text/plain; charset=utf-8"
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
     await send({"type": "websocket.http.response.body", "body": body})
 
@@ -388,7 +402,11 @@ def create_app(
     Info("realtime_build", "server build information", registry=registry).info({"version": __version__})
     connections = ConnectionRegistry()
     context = ServerContext(
-        config=config, registry=registry, connections=connections, checkpointer=checkpointer
+        config=config,
+        registry=registry,
+        connections=connections,
+        checkpointer=checkpointer,
+        client_secrets=ClientSecrets(config.server.max_client_secrets),
     )
     conn_gauge = Gauge(
         "realtime_websocket_connections", "open websocket connections", ["kind"], registry=registry

@@ -22,19 +22,30 @@ websocket handshake, so no route or session kind has to remember it):
   Plain HTTP requests are not origin-checked: without CORS headers a browser page of another
   origin cannot read the answers.
 
-Refusals happen before the websocket is accepted: the guard answers with the HTTP status.
+- An **ephemeral client secret** (``ek_...``, minted by ``POST /v1/realtime/client_secrets`` or
+  the beta ``POST /v1/realtime/sessions``: ``realtime.client_secrets``) is accepted in place of a
+  key, in any of the same places, on a websocket to ``/v1/realtime`` (:data:`SECRET_PATHS`), with
+  or without ``server.api_keys``. It is redeemed there, once: the session config it was minted
+  with goes to the connection in ``scope["state"][BOUND_SESSION]``. Elsewhere, or expired, used
+  or unknown, it gets OpenAI's 401 body (``invalid_api_key``), the same in every case.
+
+Refusals happen before the websocket is accepted: the guard answers with the HTTP status. The
+origin is checked before a secret is redeemed, so a refused origin never uses one up.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 from starlette.types import Scope
 
+from realtime.client_secrets import PREFIX as SECRET_PREFIX
+from realtime.client_secrets import ClientSecrets
 from realtime.config import ServerConfig
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -43,6 +54,19 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 API_KEY_PARAM = "api_key"
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."  # how OpenAI's browser clients send a key
 _SCHEMES = ("api-key", "bearer")
+SECRET_PATHS = frozenset({"/v1/realtime"})  # where an ephemeral client secret opens a connection
+BOUND_SESSION = "realtime.client_secret_session"  # the redeemed secret's config, in scope["state"]
+#: OpenAI's answer to a wrong key, also for an expired, used or forged client secret (never echoed)
+INVALID_API_KEY_BODY = json.dumps(
+    {
+        "error": {
+            "message": "Incorrect API key provided.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -51,6 +75,7 @@ class Refusal:
 
     status: int
     reason: str
+    json_body: str | None = None  # an OpenAI-shaped error body to send instead of ``reason``
 
 
 def _headers(scope: Scope) -> Mapping[str, str]:
@@ -128,14 +153,22 @@ def origin_allowed(origin: str, allowed: frozenset[Origin] | None) -> bool:
     return parsed is not None and parsed in allowed
 
 
-def check_request(scope: Scope, server: ServerConfig) -> Refusal | None:
-    """``None`` if the HTTP request or websocket handshake in ``scope`` may proceed, else why not."""
+def check_request(scope: Scope, server: ServerConfig, secrets: ClientSecrets | None = None) -> Refusal | None:
+    """``None`` if the HTTP request or websocket handshake in ``scope`` may proceed, else why not.
+    A client secret it carries is redeemed (``secrets``) and its config put in ``scope["state"]``."""
     headers = _headers(scope)
-    if server.api_keys and scope.get("path") not in OPEN_PATHS:
-        key = presented_key(headers, scope.get("query_string", b""))
-        if key is None or not key_matches(key, server.api_keys):
-            return Refusal(401, "unauthorized: a valid API key is required")
-    if scope["type"] == "websocket" and "origin" in headers:
+    websocket = scope["type"] == "websocket"
+    if websocket and "origin" in headers:
         if not origin_allowed(headers["origin"], public_origins(scope, server.allowed_origins)):
             return Refusal(403, "forbidden: origin not allowed")
+    key = presented_key(headers, scope.get("query_string", b""))
+    if key is not None and key.startswith(SECRET_PREFIX) and secrets is not None:
+        bound = secrets.redeem(key) if websocket and scope.get("path") in SECRET_PATHS else None
+        if bound is None:
+            return Refusal(401, "unauthorized: invalid client secret", INVALID_API_KEY_BODY)
+        scope.setdefault("state", {})[BOUND_SESSION] = bound
+        return None
+    if server.api_keys and scope.get("path") not in OPEN_PATHS:
+        if key is None or not key_matches(key, server.api_keys):
+            return Refusal(401, "unauthorized: a valid API key is required")
     return None

@@ -101,6 +101,7 @@ class ServerConfig:
     max_outbound_messages: PositiveInt = 64
     max_outbound_bytes: PositiveInt = 8 * 1024 * 1024
     max_send_wait_s: PositiveFloat = 30.0
+    max_client_secrets: PositiveInt = 10_000  # outstanding ephemeral keys (POST /v1/realtime/client_secrets)
 
     def validate(self, path: str) -> None:
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):

@@ -48,6 +48,8 @@ _SECRETS = (
     re.compile(r"(?i)\b((?:bearer|api-key)\s+)[^\s'\",)]+"),
     # OpenAI's browser convention: Sec-WebSocket-Protocol: openai-insecure-api-key.<key>
     re.compile(r"(?i)(openai-insecure-api-key\.)[^\s,'\"]+"),
+    # an ephemeral client secret wherever it appears (realtime.client_secrets)
+    re.compile(r"\b(ek_)[A-Za-z0-9_-]{8,}"),
 )
 # a query parameter's "name=" (also with percent-encoded "?", "&", "="): its name is decoded before
 # it is compared, since the server decodes it too (``?api%5Fkey=k`` is ``api_key``); only the

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import BaseRoute
 from starlette.websockets import WebSocket
 
+from realtime.client_secrets import ClientSecrets
 from realtime.config import DeployConfig
 from realtime.connection import KindHandler, run_connection
 from realtime.connections import ConnectionRegistry
@@ -58,6 +59,8 @@ class ServerContext:
     connections: ConnectionRegistry
     #: Replicas only (``realtime serve --replicas``): where kinds checkpoint resumable sessions.
     checkpointer: Checkpointer | None = None
+    #: Ephemeral keys minted by the voice kind's routes, redeemed by the app's guard.
+    client_secrets: ClientSecrets = field(default_factory=lambda: ClientSecrets(10_000))
 
 
 class SessionKindService(Protocol):

@@ -21,20 +21,38 @@ from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import Histogram
-from starlette.routing import BaseRoute, WebSocketRoute
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from realtime.auth import BOUND_SESSION
+from realtime.client_secrets import TooManySecretsError
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
 from realtime.kinds.voice_connection import VoiceHandler
 from realtime.kinds.voice_llm import llm_stage, load_chat
-from realtime.protocols.oai_realtime import Handshake, SessionConfig, negotiate
+from realtime.protocols.oai_realtime import (
+    Dialect,
+    ErrorCode,
+    Handshake,
+    Limits,
+    Rejected,
+    SessionConfig,
+    negotiate,
+)
+from realtime.protocols.oai_realtime import client_secrets as secrets_wire
+from realtime.protocols.oai_realtime.dialect import DEFAULT_BETA_MODEL
+from realtime.protocols.oai_realtime.errors import ParamError
 from realtime.protocols.oai_realtime.session_config import Transcription
+from realtime.protocols.oai_realtime.wire import StrictJSONError, loads_strict, new_id
 from sessions.engine import Pipeline, StageEngine, StreamingStageEngine
 from sessions.executor import StageExecutor
 from sessions.lifecycle import RESTARTS, ReleaseReason
 
 PATH = "/v1/realtime"
+GA_SECRETS_PATH = "/v1/realtime/client_secrets"  # GA: mint an ephemeral key
+BETA_SECRETS_PATH = "/v1/realtime/sessions"  # beta: the same, in the beta shape
 TTFA_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
 
@@ -85,7 +103,11 @@ class VoiceService(KindServiceBase):
         )
 
     def routes(self) -> list[BaseRoute]:
-        return [WebSocketRoute(PATH, self._endpoint)]
+        return [
+            WebSocketRoute(PATH, self._endpoint),
+            Route(GA_SECRETS_PATH, self._mint_ga, methods=["POST"]),
+            Route(BETA_SECRETS_PATH, self._mint_beta, methods=["POST"]),
+        ]
 
     def models(self) -> list[ServedModel]:
         c = self.config
@@ -154,9 +176,13 @@ class VoiceService(KindServiceBase):
 
     def session_defaults(self, handshake: Handshake) -> SessionConfig:
         """A new session's config (also what an explicit ``null`` restores)."""
+        return self.session_defaults_for(handshake.display_model(self.config.served_model))
+
+    def session_defaults_for(self, model: str) -> SessionConfig:
+        """The server's session defaults, showing ``model``."""
         c = self.config
         return SessionConfig(
-            model=handshake.display_model(c.served_model),
+            model=model,
             instructions=self.default_instructions,
             voice=c.voice,
             transcription=Transcription(model="whisper-base") if c.transcription else None,
@@ -167,9 +193,68 @@ class VoiceService(KindServiceBase):
         handshake = negotiate(
             scope.get("query_string", b""), websocket.headers, scope.get("subprotocols", ())
         )
-        handler = VoiceHandler(self, handshake)
+        handler = VoiceHandler(self, handshake, bound=scope.get("state", {}).get(BOUND_SESSION))
         headers = handshake.accept_headers(self.config.served_model)
         await self.serve(websocket, handler, subprotocol=handshake.subprotocol, headers=headers)
+
+    async def _mint_ga(self, request: Request) -> Response:
+        return await self._mint(request, Dialect.GA)
+
+    async def _mint_beta(self, request: Request) -> Response:
+        return await self._mint(request, Dialect.BETA)
+
+    async def _mint(self, request: Request, dialect: Dialect) -> Response:
+        """A client secret bound to the request's session config (``realtime.client_secrets``);
+        the caller is authenticated by the app's guard like every other route."""
+        body = await _read_body(request, secrets_wire.MAX_BODY_BYTES)
+        if body is None:
+            limit = secrets_wire.MAX_BODY_BYTES
+            return _error(413, Rejected("request_too_large", f"The body is larger than {limit} bytes."))
+        model = self.config.served_model if dialect is Dialect.GA else DEFAULT_BETA_MODEL
+        defaults = self.session_defaults_for(model)
+        try:
+            minted = secrets_wire.parse_mint(loads_strict(body.decode("utf-8")), dialect, defaults, Limits())
+        except (StrictJSONError, UnicodeDecodeError):
+            return _error(
+                400, Rejected(ErrorCode.INVALID_JSON, "We could not parse the JSON body of your request.")
+            )
+        except ParamError as exc:
+            return _error(400, exc.rejected)
+        try:
+            secret = self.ctx.client_secrets.mint(minted.config, minted.expires_after_s)
+        except TooManySecretsError:
+            message = (
+                "Too many client secrets are outstanding; try again when some have expired or been used."
+            )
+            return _error(429, Rejected("rate_limit_exceeded", message))
+        answer = secrets_wire.render_minted(
+            secret.value, secret.expires_at, minted.config, dialect, new_id("sess")
+        )
+        return JSONResponse(answer)
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or ``None`` once it is over ``limit`` bytes (declared or read so far)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def _error(status: int, rejected: Rejected) -> JSONResponse:
+    """OpenAI's HTTP error body."""
+    error = {
+        "message": rejected.message,
+        "type": rejected.type,
+        "param": rejected.param,
+        "code": rejected.code,
+    }
+    return JSONResponse({"error": error}, status)
 
 
 def build_voice_service(ctx: ServerContext) -> VoiceService:

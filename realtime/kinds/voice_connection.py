@@ -89,12 +89,17 @@ class VoiceHandler:
 
     inline = False
 
-    def __init__(self, service: VoiceService, handshake: Handshake) -> None:
+    def __init__(
+        self, service: VoiceService, handshake: Handshake, bound: SessionConfig | None = None
+    ) -> None:
+        """``bound``: the config of the client secret the connection was opened with, its start."""
         self.service = service
         self.vc = service.config
         defaults = service.session_defaults(handshake)
         self.codec = RealtimeCodec(handshake.dialect, defaults, CodecOptions(semantic_vad=True))
-        self.config = defaults
+        if bound is not None:
+            self.codec.config = bound
+        self.config = self.codec.config
         self.session: Session | None = None
         self.ready = asyncio.Event()  # the session is open: the reader may decode
         self.session_id = ""  # the manager's id (routable), once opened
