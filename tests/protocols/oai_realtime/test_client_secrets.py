@@ -12,17 +12,9 @@ from realtime.protocols.oai_realtime.client_secrets import parse_mint
 from realtime.protocols.oai_realtime.errors import ParamError
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_secret_is_single_use_bound_and_expires():
-    clock = Clock()
-    table = ClientSecrets(max_secrets=2, clock=clock)
+    now = [1000.0]
+    table = ClientSecrets(max_secrets=2, clock=lambda: now[0])
     first = table.mint("config A", expires_after_s=60)
     second = table.mint("config B", expires_after_s=10)
     assert first.value.startswith("ek_") and first.expires_at == 1060
@@ -31,7 +23,7 @@ def test_a_secret_is_single_use_bound_and_expires():
     assert table.redeem(first.value) == "config A"
     assert table.redeem(first.value) is None  # used
     assert table.redeem("ek_" + "x" * 43) is None  # forged
-    clock.now += 10
+    now[0] += 10
     assert table.redeem(second.value) is None  # expired
     assert len(table) == 0
     for _ in range(20):  # minted and used: the expiry heap stays bounded
