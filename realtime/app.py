@@ -75,7 +75,7 @@ from starlette.websockets import WebSocket
 
 from models.voice.weights import WeightsMissing
 from realtime import __version__
-from realtime.auth import OPEN_PATHS, check_request
+from realtime.auth import OPEN_PATHS, check_request, redeem_secret
 from realtime.client_secrets import ClientSecrets
 from realtime.config import DeployConfig
 from realtime.connections import ConnectionRegistry, DrainResult
@@ -299,6 +299,10 @@ class _Guard:
                 reason = f"{kind} is unavailable: {self.state.unavailable[kind]}"
                 await _accept_and_close(receive, send, CloseCode.POLICY_VIOLATION, reason)
                 return
+        refusal = redeem_secret(scope, self.state.context.client_secrets)  # admitted: now it is used
+        if refusal is not None:
+            await _refuse(scope, receive, send, refusal.status, refusal.reason, json_body=refusal.json_body)
+            return
         await self.app(scope, receive, send)
 
 

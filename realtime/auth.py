@@ -25,9 +25,11 @@ websocket handshake, so no route or session kind has to remember it):
 - An **ephemeral client secret** (``ek_...``, minted by ``POST /v1/realtime/client_secrets`` or
   the beta ``POST /v1/realtime/sessions``: ``realtime.client_secrets``) is accepted in place of a
   key, in any of the same places, on a websocket to ``/v1/realtime`` (:data:`SECRET_PATHS`), with
-  or without ``server.api_keys``. It is redeemed there, once: the session config it was minted
-  with goes to the connection in ``scope["state"][BOUND_SESSION]``. Elsewhere, or expired, used
-  or unknown, it gets OpenAI's 401 body (``invalid_api_key``), the same in every case.
+  or without ``server.api_keys``. It is redeemed once, by :func:`redeem_secret`, which the guard
+  calls only when the connection is admitted (not refused as loading, draining or unavailable, so
+  a retry can still use it): the session config it was minted with goes to the connection in
+  ``scope["state"][BOUND_SESSION]``. Elsewhere, or expired, used or unknown, it gets OpenAI's
+  401 body (``invalid_api_key``), the same in every case.
 
 Refusals happen before the websocket is accepted: the guard answers with the HTTP status. The
 origin is checked before a secret is redeemed, so a refused origin never uses one up.
@@ -56,6 +58,7 @@ KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."  # how OpenAI's browser clie
 _SCHEMES = ("api-key", "bearer")
 SECRET_PATHS = frozenset({"/v1/realtime"})  # where an ephemeral client secret opens a connection
 BOUND_SESSION = "realtime.client_secret_session"  # the redeemed secret's config, in scope["state"]
+_PENDING_SECRET = "realtime.client_secret"  # a valid secret to redeem once admitted, in scope["state"]
 #: OpenAI's answer to a wrong key, also for an expired, used or forged client secret (never echoed)
 INVALID_API_KEY_BODY = json.dumps(
     {
@@ -155,20 +158,33 @@ def origin_allowed(origin: str, allowed: frozenset[Origin] | None) -> bool:
 
 def check_request(scope: Scope, server: ServerConfig, secrets: ClientSecrets | None = None) -> Refusal | None:
     """``None`` if the HTTP request or websocket handshake in ``scope`` may proceed, else why not.
-    A client secret it carries is redeemed (``secrets``) and its config put in ``scope["state"]``."""
+    A valid client secret it carries is noted in ``scope["state"]`` for :func:`redeem_secret`."""
     headers = _headers(scope)
     websocket = scope["type"] == "websocket"
     if websocket and "origin" in headers:
         if not origin_allowed(headers["origin"], public_origins(scope, server.allowed_origins)):
             return Refusal(403, "forbidden: origin not allowed")
     key = presented_key(headers, scope.get("query_string", b""))
-    if key is not None and key.startswith(SECRET_PREFIX) and secrets is not None:
-        bound = secrets.redeem(key) if websocket and scope.get("path") in SECRET_PATHS else None
-        if bound is None:
+    is_api_key = key is not None and bool(server.api_keys) and key_matches(key, server.api_keys)
+    if key is not None and key.startswith(SECRET_PREFIX) and secrets is not None and not is_api_key:
+        if not (websocket and scope.get("path") in SECRET_PATHS and secrets.holds(key)):
             return Refusal(401, "unauthorized: invalid client secret", INVALID_API_KEY_BODY)
-        scope.setdefault("state", {})[BOUND_SESSION] = bound
+        scope.setdefault("state", {})[_PENDING_SECRET] = key
         return None
-    if server.api_keys and scope.get("path") not in OPEN_PATHS:
-        if key is None or not key_matches(key, server.api_keys):
-            return Refusal(401, "unauthorized: a valid API key is required")
+    if server.api_keys and scope.get("path") not in OPEN_PATHS and not is_api_key:
+        return Refusal(401, "unauthorized: a valid API key is required")
+    return None
+
+
+def redeem_secret(scope: Scope, secrets: ClientSecrets) -> Refusal | None:
+    """Redeem the client secret :func:`check_request` noted, once the connection is admitted: its
+    config goes to ``scope["state"][BOUND_SESSION]``. Call it with no ``await`` since the check, so
+    a second connection with the same secret cannot pass in between."""
+    key = scope.get("state", {}).pop(_PENDING_SECRET, None)
+    if key is None:
+        return None
+    bound = secrets.redeem(key)
+    if bound is None:
+        return Refusal(401, "unauthorized: invalid client secret", INVALID_API_KEY_BODY)
+    scope["state"][BOUND_SESSION] = bound
     return None

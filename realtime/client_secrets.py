@@ -78,6 +78,11 @@ class ClientSecrets:
         heapq.heappush(self._expiries, (expires, digest))
         return Minted(value, int(expires))
 
+    def holds(self, presented: str) -> bool:
+        """``presented`` is outstanding (not expired, not used); nothing changes."""
+        self._expire()
+        return _digest(presented) in self._held
+
     def redeem(self, presented: str) -> Any | None:
         """The config ``presented`` was minted with, once; ``None`` if expired, used or unknown."""
         self._expire()

@@ -60,3 +60,28 @@ def test_mint_requests_are_checked_like_session_update():
         Limits(),
     )
     assert beta.config.voice == "verse" and beta.expires_after_s == 30
+
+
+def test_the_guard_checks_a_secret_without_using_it_and_redeems_it_once_admitted():
+    """A connection refused after the check (loading, draining: 1013) leaves the secret usable."""
+    from realtime.auth import BOUND_SESSION, check_request, redeem_secret
+    from realtime.config import ServerConfig
+
+    table = ClientSecrets(max_secrets=4)
+    secret = table.mint("bound config", expires_after_s=60).value
+    server = ServerConfig(api_keys=("the-key",))
+
+    def scope(path: str = "/v1/realtime", key: str = secret) -> dict:
+        headers = [(b"authorization", f"Bearer {key}".encode())]
+        return {"type": "websocket", "path": path, "headers": headers, "query_string": b""}
+
+    checked = scope()
+    assert check_request(checked, server, table) is None and table.holds(secret)  # not used yet
+    assert check_request(scope(), server, table) is None  # a retry after a 1013 passes too
+    assert redeem_secret(checked, table) is None and checked["state"][BOUND_SESSION] == "bound config"
+    assert not table.holds(secret)
+    refused = check_request(scope(), server, table)
+    assert refused is not None and refused.status == 401 and "invalid_api_key" in (refused.json_body or "")
+    other = table.mint("c", 60).value
+    assert check_request(scope("/v1/realtime/world", other), server, table).status == 401  # voice only
+    assert check_request(scope(key="the-key"), server, table) is None  # the API key still works
