@@ -9,7 +9,9 @@ what it loads and connects to):
   (:func:`index_text`: each enabled kind's websocket endpoints, the demo, the JSON and probe routes,
   the docs); a websocket on ``/`` is the OpenPI robot route, untouched by these HTTP routes;
 - ``GET /demo`` -> 307 to ``/demo/``; ``GET /demo/`` -> ``index.html``;
-- ``GET /demo/<page>`` -> ``<page>.html``; ``GET /demo/<name>.js`` / ``<name>.css`` -> that file.
+- ``GET /demo/<page>`` -> ``<page>.html``; ``GET /demo/<name>.js`` / ``<name>.mjs`` / ``<name>.css``
+  -> that file (``.mjs`` is a vendored ES module, ``agents-realtime.mjs``: OpenAI's Agents JS SDK,
+  built once from npm by ``clients/web/vendor-agents-realtime.sh`` and committed).
 
 Only files that ship in ``clients/web/`` with a suffix of :data:`CONTENT_TYPES` are served (read
 once, at the first request); any other name is 404. Nothing is built or templated at serve time.
@@ -29,6 +31,7 @@ PREFIX = "/demo/"
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",  # module scripts need a JavaScript MIME type
+    ".mjs": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
 }
 # pages and scripts change with the server; a stale cached script would talk an old protocol
