@@ -75,7 +75,7 @@ from starlette.websockets import WebSocket
 
 from models.voice.weights import WeightsMissing
 from realtime import __version__
-from realtime.auth import OPEN_PATHS, check_request, redeem_secret
+from realtime.auth import OPEN_PATHS, check_request, is_call, redeem_secret
 from realtime.client_secrets import ClientSecrets
 from realtime.config import DeployConfig
 from realtime.connections import ConnectionRegistry, DrainResult
@@ -289,9 +289,12 @@ class _Guard:
         if refusal is not None:
             await _refuse(scope, receive, send, refusal.status, refusal.reason, json_body=refusal.json_body)
             return
-        if scope["type"] == "websocket" and (not self.state.ready or self.state.draining):
+        if (scope["type"] == "websocket" or is_call(scope)) and (not self.state.ready or self.state.draining):
             reason = "server is shutting down" if self.state.draining else "server is loading models"
-            await _try_again_later(scope, receive, send, reason)
+            if scope["type"] == "websocket":
+                await _try_again_later(scope, receive, send, reason)
+            else:  # a WebRTC call's offer: the HTTP form of 1013
+                await _refuse(scope, receive, send, 503, reason)
             return
         if scope["type"] == "websocket" and self.state.unavailable:
             kind = self.state.unavailable_route(scope)

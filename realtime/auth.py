@@ -24,8 +24,8 @@ websocket handshake, so no route or session kind has to remember it):
 
 - An **ephemeral client secret** (``ek_...``, minted by ``POST /v1/realtime/client_secrets`` or
   the beta ``POST /v1/realtime/sessions``: ``realtime.client_secrets``) is accepted in place of a
-  key, in any of the same places, on a websocket to ``/v1/realtime`` (:data:`SECRET_PATHS`), with
-  or without ``server.api_keys``. It is redeemed once, by :func:`redeem_secret`, which the guard
+  key, in any of the same places, on a websocket to ``/v1/realtime`` (:data:`SECRET_PATHS`) and on
+  the requests that place a WebRTC call (:data:`CALL_PATHS`), with or without ``server.api_keys``. It is redeemed once, by :func:`redeem_secret`, which the guard
   calls only when the connection is admitted (not refused as loading, draining or unavailable, so
   a retry can still use it): the session config it was minted with goes to the connection in
   ``scope["state"][BOUND_SESSION]``. Elsewhere, or expired, used or unknown, it gets OpenAI's
@@ -56,7 +56,8 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 API_KEY_PARAM = "api_key"
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."  # how OpenAI's browser clients send a key
 _SCHEMES = ("api-key", "bearer")
-SECRET_PATHS = frozenset({"/v1/realtime"})  # where an ephemeral client secret opens a connection
+SECRET_PATHS = frozenset({"/v1/realtime"})  # websockets an ephemeral client secret opens
+CALL_PATHS = frozenset({"/v1/realtime/calls", "/v1/realtime"})  # POSTs that place a WebRTC call
 BOUND_SESSION = "realtime.client_secret_session"  # the redeemed secret's config, in scope["state"]
 _PENDING_SECRET = "realtime.client_secret"  # a valid secret to redeem once admitted, in scope["state"]
 #: OpenAI's answer to a wrong key, also for an expired, used or forged client secret (never echoed)
@@ -167,13 +168,23 @@ def check_request(scope: Scope, server: ServerConfig, secrets: ClientSecrets | N
     key = presented_key(headers, scope.get("query_string", b""))
     is_api_key = key is not None and bool(server.api_keys) and key_matches(key, server.api_keys)
     if key is not None and key.startswith(SECRET_PREFIX) and secrets is not None and not is_api_key:
-        if not (websocket and scope.get("path") in SECRET_PATHS and secrets.holds(key)):
+        if not (opens_session(scope) and secrets.holds(key)):
             return Refusal(401, "unauthorized: invalid client secret", INVALID_API_KEY_BODY)
         scope.setdefault("state", {})[_PENDING_SECRET] = key
         return None
     if server.api_keys and scope.get("path") not in OPEN_PATHS and not is_api_key:
         return Refusal(401, "unauthorized: a valid API key is required")
     return None
+
+
+def is_call(scope: Scope) -> bool:
+    """``scope`` is an HTTP request that places a WebRTC call (``POST`` to :data:`CALL_PATHS`)."""
+    return scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") in CALL_PATHS
+
+
+def opens_session(scope: Scope) -> bool:
+    """``scope`` starts a voice session: a websocket to :data:`SECRET_PATHS` or a call."""
+    return (scope["type"] == "websocket" and scope.get("path") in SECRET_PATHS) or is_call(scope)
 
 
 def redeem_secret(scope: Scope, secrets: ClientSecrets) -> Refusal | None:

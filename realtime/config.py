@@ -426,6 +426,30 @@ class DuplexConfig:
 
 
 @dataclass(frozen=True)
+class WebRtcConfig:
+    """WebRTC calls of the voice kind (``POST /v1/realtime/calls``, ``realtime.webrtc``;
+    docs/protocols/webrtc.md). Needs the ``webrtc`` extra (aiortc); without it the call routes
+    answer 501. ICE offers host candidates only unless ``ice_servers`` names STUN/TURN servers."""
+
+    enabled: bool = True
+    max_calls: PositiveInt = 64  # calls at once (each holds a peer connection); more get 429
+    ice_servers: tuple[str, ...] = ()  # "stun:host:port", "turn:host:port?transport=udp", ...
+    ice_username: str = ""  # TURN credentials (for every turn: server)
+    ice_credential: str = ""
+    host_addresses: tuple[str, ...] = ()  # host candidates' addresses; (): every non-loopback one
+    mic_chunk_ms: Annotated[int, _in_range(20, 200)] = 64  # microphone audio per VAD submit
+    max_playout_s: PositiveFloat = 120.0  # assistant audio waiting to play; more is dropped
+    connect_timeout_s: PositiveFloat = 15.0  # answer -> the data channel opens, else hang up
+
+    def validate(self, path: str) -> None:
+        for i, url in enumerate(self.ice_servers):
+            if not url.startswith(("stun:", "turn:", "turns:")):
+                raise _FieldError(
+                    f"{path}.ice_servers[{i}]", f"must start with stun:, turn: or turns:, got {url!r}"
+                )
+
+
+@dataclass(frozen=True)
 class ReplicasConfig:
     """Ray Serve replicas (``realtime serve --replicas N``, ``deploy/ray/``; docs/scaling.md).
 
@@ -465,6 +489,7 @@ class DeployConfig:
     echo: EchoConfig = field(default_factory=EchoConfig)
     voice: VoiceConfig = field(default_factory=VoiceConfig)
     duplex: DuplexConfig = field(default_factory=DuplexConfig)
+    webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     replicas: ReplicasConfig = field(default_factory=ReplicasConfig)
 
     def enabled_kinds(self) -> list[str]:

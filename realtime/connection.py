@@ -56,6 +56,15 @@ from sessions.session import Session
 
 log = logging.getLogger("realtime.connection")
 
+
+@dataclass(frozen=True)
+class MediaIn:
+    """Media that a transport other than a websocket (a WebRTC call, ``realtime.webrtc``) hands
+    the reader in order with its events: ``samples``, 16 kHz mono float32 microphone audio."""
+
+    samples: Any  # numpy.ndarray
+
+
 Frame = str | bytes
 #: Close reasons -> (close code, reason text). Texts may use ``{message}`` and the limits passed
 #: to :meth:`Connection.end`. ``disconnect`` (the client went away) sends no close frame.
@@ -102,8 +111,9 @@ class KindHandler(Protocol):
         """After accept, before the first frame is read (send a greeting, check the query)."""
         ...
 
-    async def decode(self, message: Frame) -> Any:
-        """One websocket message -> one command (the codec's typed result, never raises)."""
+    async def decode(self, message: Frame | MediaIn) -> Any:
+        """One websocket message -> one command (the codec's typed result, never raises). On a
+        WebRTC call (``realtime.webrtc.call``) the message may also be the call's microphone audio."""
         ...
 
     async def handle(self, conn: Connection, item: Any) -> None:
@@ -462,8 +472,12 @@ class Connection:
                 break
             if message["type"] == "websocket.disconnect":
                 break
-            frame = message.get("bytes")
-            command = await handler.decode(frame if frame is not None else message.get("text") or "")
+            frame: Frame | MediaIn | None
+            if "media" in message:  # a WebRTC call's microphone audio, in order with its events
+                frame = message["media"]
+            elif (frame := message.get("bytes")) is None:
+                frame = message.get("text") or ""
+            command = await handler.decode(frame)
             if self._runner is None:
                 await self._handle(command)
             else:

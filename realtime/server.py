@@ -55,6 +55,7 @@ from realtime.app import create_app
 from realtime.config import DeployConfig
 from realtime.connections import TRANSPORT_EXTENSION, TransportControl
 from realtime.logs import log_limited
+from sessions.threads import default_workers, prestarted_pool
 
 log = logging.getLogger("realtime.server")
 
@@ -285,6 +286,8 @@ class GracefulServer(uvicorn.Server):
             self._captured_signals.clear()
 
     async def startup(self, sockets=None) -> None:
+        # asyncio.to_thread's pool, with every worker started: its thread count stays fixed
+        asyncio.get_running_loop().set_default_executor(prestarted_pool(default_workers(), "realtime-io"))
         await super().startup(sockets)
         if self.started:
             for server in self.servers:

@@ -18,7 +18,7 @@ through it. Three parts, one job each:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Histogram
 from starlette.requests import Request
@@ -41,16 +41,22 @@ from realtime.protocols.oai_realtime import (
     SessionConfig,
     negotiate,
 )
+from realtime.protocols.oai_realtime import calls as calls_wire
 from realtime.protocols.oai_realtime import client_secrets as secrets_wire
-from realtime.protocols.oai_realtime.dialect import DEFAULT_BETA_MODEL
+from realtime.protocols.oai_realtime.dialect import DEFAULT_BETA_MODEL, SERVED_MODEL_HEADER
 from realtime.protocols.oai_realtime.errors import ParamError
 from realtime.protocols.oai_realtime.session_config import Transcription
 from realtime.protocols.oai_realtime.wire import StrictJSONError, loads_strict, new_id
+from realtime.webrtc.calls import CallRegistry, TooManyCallsError, webrtc_available
 from sessions.engine import Pipeline, StageEngine, StreamingStageEngine
 from sessions.executor import StageExecutor
 from sessions.lifecycle import RESTARTS, ReleaseReason
 
-PATH = "/v1/realtime"
+if TYPE_CHECKING:
+    from realtime.webrtc.call import Call
+
+PATH = "/v1/realtime"  # websockets; a POST here is the beta WebRTC call
+CALLS_PATH = "/v1/realtime/calls"  # GA: place a WebRTC call
 GA_SECRETS_PATH = "/v1/realtime/client_secrets"  # GA: mint an ephemeral key
 BETA_SECRETS_PATH = "/v1/realtime/sessions"  # beta: the same, in the beta shape
 TTFA_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
@@ -95,6 +101,7 @@ class VoiceService(KindServiceBase):
         self.default_instructions = ""
         self.asr_speculations = 0  # transcriptions started at a candidate end of speech (tests, bench)
         self.asr_speculations_used = 0  # ... and reused by the stop that followed
+        self.calls: CallRegistry | None = None  # WebRTC calls (``webrtc`` extra installed and enabled)
         self.ttfa = Histogram(
             "voice_time_to_first_audio_seconds",
             "committed user turn (speech_stopped or input_audio_buffer.commit) -> its answer's first audio delta",
@@ -107,6 +114,9 @@ class VoiceService(KindServiceBase):
             WebSocketRoute(PATH, self._endpoint),
             Route(GA_SECRETS_PATH, self._mint_ga, methods=["POST"]),
             Route(BETA_SECRETS_PATH, self._mint_beta, methods=["POST"]),
+            Route(CALLS_PATH, self._call_ga, methods=["POST"]),
+            Route(PATH, self._call_beta, methods=["POST"]),
+            Route(CALLS_PATH + "/{call_id}/hangup", self._hangup, methods=["POST"]),
         ]
 
     def models(self) -> list[ServedModel]:
@@ -165,8 +175,12 @@ class VoiceService(KindServiceBase):
             lifecycle=_VoiceLifecycle(self.pipeline, (self.vad_engine, self.asr_engine)),
         )
         await self.manager.start()
+        if self.ctx.config.webrtc.enabled and webrtc_available():
+            self.calls = CallRegistry(self.ctx.config.webrtc)
 
     async def stop(self) -> None:
+        if self.calls is not None:
+            await self.calls.close()
         await super().stop()  # the manager, then the response pipeline (``self.runner``)
         for engine in (self.vad_engine, self.asr_engine):
             if engine is not None:
@@ -196,6 +210,62 @@ class VoiceService(KindServiceBase):
         handler = VoiceHandler(self, handshake, bound=scope.get("state", {}).get(BOUND_SESSION))
         headers = handshake.accept_headers(self.config.served_model)
         await self.serve(websocket, handler, subprotocol=handshake.subprotocol, headers=headers)
+
+    async def _call_ga(self, request: Request) -> Response:
+        beta = "realtime=v1" in request.headers.get("openai-beta", "").replace(" ", "").split(",")
+        return await self._call(request, Dialect.BETA if beta else Dialect.GA)
+
+    async def _call_beta(self, request: Request) -> Response:
+        return await self._call(request, Dialect.BETA)
+
+    async def _call(self, request: Request, dialect: Dialect) -> Response:
+        """A WebRTC call (``realtime.webrtc``): the SDP offer in, the answer out (201); the call
+        then runs the same handler as a websocket, on the call's tracks and data channel."""
+        if self.calls is None:
+            why = (
+                "disabled (webrtc.enabled: false)"
+                if not self.ctx.config.webrtc.enabled
+                else ("not installed (pip install -e '.[webrtc]')")
+            )
+            return _error(501, Rejected("unsupported_feature", f"WebRTC calls are {why} on this server."))
+        body = await _read_body(request, calls_wire.MAX_BODY_BYTES)
+        if body is None:
+            limit = calls_wire.MAX_BODY_BYTES
+            return _error(413, Rejected("request_too_large", f"The body is larger than {limit} bytes."))
+        handshake = Handshake(dialect, None, request.query_params.get("model"))
+        defaults = request.scope.get("state", {}).get(BOUND_SESSION) or self.session_defaults(handshake)
+        try:
+            offer = calls_wire.parse_call(
+                request.headers.get("content-type", ""), body, dialect, defaults, Limits()
+            )
+        except ParamError as exc:
+            return _error(400, exc.rejected)
+        bound = offer.config or request.scope.get("state", {}).get(BOUND_SESSION)
+
+        async def serve(call: Call, websocket: WebSocket) -> None:
+            handler = VoiceHandler(self, handshake, bound=bound, playout=call.playout)
+            await self.serve(websocket, handler)
+
+        scope = {
+            k: request.scope[k]
+            for k in ("path", "headers", "query_string", "client", "server")
+            if k in request.scope
+        }
+        try:
+            call_id, answer = await self.calls.answer(offer.sdp, dialect, scope, serve)
+        except TooManyCallsError as exc:
+            return _error(429, Rejected("rate_limit_exceeded", f"Too many calls: {exc}; try again later."))
+        except ValueError as exc:  # aiortc refused the offer (no usable audio or ICE or DTLS)
+            return _error(
+                400, Rejected(ErrorCode.INVALID_VALUE, f"The SDP offer could not be answered: {exc}", "sdp")
+            )
+        headers = {"Location": f"{CALLS_PATH}/{call_id}", SERVED_MODEL_HEADER: self.config.served_model}
+        return Response(answer, 201, headers=headers, media_type=calls_wire.SDP)
+
+    async def _hangup(self, request: Request) -> Response:
+        if self.calls is None or not self.calls.hangup(request.path_params["call_id"]):
+            return _error(404, Rejected("not_found", "No such call."))
+        return Response(status_code=200)
 
     async def _mint_ga(self, request: Request) -> Response:
         return await self._mint(request, Dialect.GA)

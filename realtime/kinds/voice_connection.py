@@ -31,7 +31,7 @@ import numpy as np
 import soxr
 
 from models.voice.stages import VadFrames, VadInput
-from realtime.connection import Close, Connection, runtime_close
+from realtime.connection import Close, Connection, MediaIn, runtime_close
 from realtime.kinds.voice_llm import chat_prompt
 from realtime.protocols.oai_realtime import (
     CodecOptions,
@@ -57,6 +57,7 @@ from sessions.tick import TickChunk
 
 if TYPE_CHECKING:
     from realtime.kinds.voice import VoiceService
+    from realtime.webrtc.playout import Cleared, Playout
 
 log = logging.getLogger("realtime.kinds.voice")
 
@@ -90,15 +91,24 @@ class VoiceHandler:
     inline = False
 
     def __init__(
-        self, service: VoiceService, handshake: Handshake, bound: SessionConfig | None = None
+        self,
+        service: VoiceService,
+        handshake: Handshake,
+        bound: SessionConfig | None = None,
+        playout: Playout | None = None,
     ) -> None:
-        """``bound``: the config of the client secret the connection was opened with, its start."""
+        """``bound``: the config the connection starts with (its client secret's, a call's
+        ``session``). ``playout``: a WebRTC call's output audio buffer (``realtime.webrtc``):
+        assistant audio then leaves as track frames, and a barge-in clears what has not played."""
         self.service = service
         self.vc = service.config
         defaults = service.session_defaults(handshake)
-        self.codec = RealtimeCodec(handshake.dialect, defaults, CodecOptions(semantic_vad=True))
+        options = CodecOptions(semantic_vad=True, media_track=playout is not None)
+        self.codec = RealtimeCodec(handshake.dialect, defaults, options)
         if bound is not None:
             self.codec.config = bound
+        self.playout = playout
+        self.truncate_after: Cleared | None = None  # a barge-in's cut of a response still closing
         self.config = self.codec.config
         self.session: Session | None = None
         self.ready = asyncio.Event()  # the session is open: the reader may decode
@@ -167,10 +177,12 @@ class VoiceHandler:
     def _state(self) -> VoiceState:
         return VoiceState(self.config, self.items.snapshot())
 
-    async def decode(self, message: str | bytes) -> Any:
-        """The reader's step, in order: parse; an append goes through the VAD here (the reader
-        waits for it: the session's bounded, ordered input stream)."""
+    async def decode(self, message: str | bytes | MediaIn) -> Any:
+        """The reader's step, in order: parse; an append (or a call's microphone audio) goes
+        through the VAD here (the reader waits for it: the session's bounded, ordered input stream)."""
         await self.ready.wait()
+        if isinstance(message, MediaIn):
+            return await self._vad(VadInput(message.samples, VAD_RATE), None)
         if isinstance(message, bytes):
             return self.codec.receive_bytes(message)
         if len(message) > LARGE_FRAME_CHARS:
@@ -179,13 +191,17 @@ class VoiceHandler:
             command = self.codec.receive_text(message)
         if not isinstance(command, ce.AudioAppend):
             return command
-        fmt, session, vad = self.codec.config.input_format, self.session, self.service.vad_engine
+        fmt = self.codec.config.input_format
+        return await self._vad(VadInput(decode_audio(command.audio, fmt), fmt.sample_rate), command.event_id)
+
+    async def _vad(self, audio: VadInput, event_id: str | None) -> Any:
+        """VadFrames (the audio's 16 kHz frames and their speech probabilities), or the refusal."""
+        session, vad = self.session, self.service.vad_engine
         assert session is not None and vad is not None
         try:
-            out = await session.submit(vad, VadInput(decode_audio(command.audio, fmt), fmt.sample_rate))
-        except SessionError as exc:  # a full VAD queue, a closing session: this append is refused
-            return Rejected(exc.code, exc.message, None, command.event_id, errors.SERVER_ERROR)
-        return out  # VadFrames: the append's 16 kHz frames and their speech probabilities
+            return await session.submit(vad, audio)
+        except SessionError as exc:  # a full VAD queue, a closing session: this audio is refused
+            return Rejected(exc.code, exc.message, None, event_id, errors.SERVER_ERROR)
 
     async def session_ended(self, conn: Connection, reason: str) -> Close:
         if reason == "lifetime":
@@ -250,7 +266,8 @@ class VoiceHandler:
                 r = self.response
                 if r is not None and r.cancellable:
                     await self._cancel(conn, "client_cancelled")
-                await self._send(conn, ev.OutputAudioCleared(r.state.id if r else self.last_response_id))
+                if not await self._clear_playout(conn):
+                    await self._send(conn, ev.OutputAudioCleared(r.state.id if r else self.last_response_id))
             case _:
                 raise TypeError(f"unexpected mailbox item {type(item).__name__}")
 
@@ -272,6 +289,8 @@ class VoiceHandler:
                 await self._send(conn, ev.SpeechStarted(self.speech_item_id, decision.audio_start_ms))
                 if td.interrupt_response and self.response is not None and self.response.cancellable:
                     await self._cancel(conn, "turn_detected")
+                if td.interrupt_response:
+                    await self._clear_playout(conn)
             elif isinstance(decision, SpeechStopped):
                 item_id, self.speech_item_id = self.speech_item_id or new_id("item"), None
                 self.buffer.clear()
@@ -478,6 +497,9 @@ class VoiceHandler:
         if r.audio_ms > 0:
             self.codec.lock_voice()
         self.response = None
+        if self.truncate_after is not None:
+            cut, self.truncate_after = self.truncate_after, None
+            await self._truncate(conn, cut)
         if r.state.status == "failed" and session.status is SessionStatus.FAILED:
             await session.reset()  # a failed tick released the KV; start the conversation's KV over
         if self.queued_response is not None:
@@ -493,12 +515,33 @@ class VoiceHandler:
         else:
             conn.session.interrupt()  # the one call: the tick is superseded, its queued deltas never sent
 
+    async def _clear_playout(self, conn: Connection) -> bool:
+        """A WebRTC call: drop the assistant audio not played yet (``output_audio_buffer.cleared``)
+        and cut its message to what was heard (``conversation.item.truncated``; once the response
+        has closed, if it still is). True if there was audio to clear."""
+        if self.playout is None:
+            return False
+        cut, events = self.playout.clear()
+        if cut is None:
+            return False
+        await self._send(conn, *events)
+        if self.response is not None and self.response.item_id == cut.item_id:
+            self.truncate_after = cut  # its item enters the conversation when it closes
+        else:
+            await self._truncate(conn, cut)
+        return True
+
+    async def _truncate(self, conn: Connection, cut: Cleared) -> None:
+        answer = self.items.truncate(cut.item_id, 0, cut.played_ms, self.config.output_format)
+        if not isinstance(answer, Rejected):  # an item the client deleted meanwhile: nothing to cut
+            await self._send(conn, *(answer if isinstance(answer, list) else [answer]))
+
     def _max_tokens(self, settings: ResponseSettings) -> int:
         cap = self.vc.max_output_tokens
         return cap if settings.max_output_tokens is None else min(cap, settings.max_output_tokens)
 
     # -- output ---------------------------------------------------------------------------
-    def _render(self, events: Sequence[ev.ServerEvent]) -> list[str]:
+    def _render(self, events: Sequence[ev.ServerEvent]) -> list[str | bytes]:
         return [frame for e in events if (frame := self.codec.render(e)) is not None]
 
     async def _send(self, conn: Connection, *events: ev.ServerEvent) -> None:

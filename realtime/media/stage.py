@@ -16,10 +16,9 @@ another on the stage's single worker thread.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ from models.stage import StageItem
 from models.world.profiling import BlockTimings
 from models.world.stage import WorldFrames
 from realtime.media.video import Fmp4Encoder, encode_jpegs, pack_jpeg_batch
+from sessions.threads import prestarted_pool
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,7 @@ class MediaEncodeStage:
         self.slot_capacity = slot_capacity
         self.threads = threads
         self._streams: list[Fmp4Encoder | None] = [None] * slot_capacity
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=name) if threads > 1 else None
-        if self._pool is not None:
-            # Every worker starts now (each waits at the barrier until all exist): a pool that grows
-            # lazily under load looks like a thread leak to an operator and to the reliability
-            # suite's churn check, which compares thread counts before and after.
-            started = threading.Barrier(threads)
-            for _ in range(threads):
-                self._pool.submit(started.wait)
+        self._pool = prestarted_pool(threads, name) if threads > 1 else None
 
     def state_bytes(self) -> int:
         return 0  # encoder state is a few KiB of host memory

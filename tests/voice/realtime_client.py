@@ -30,11 +30,11 @@ MODELS = {Dialect.GA: "gpt-realtime", Dialect.BETA: "gpt-4o-realtime-preview"}
 
 @contextlib.asynccontextmanager
 async def voice_server(
-    runtime: dict | None = None, ready_timeout_s: float = 120.0, **voice: object
+    runtime: dict | None = None, ready_timeout_s: float = 120.0, webrtc: dict | None = None, **voice: object
 ) -> AsyncIterator[tuple[str, object]]:
     """``(ws base url "ws://127.0.0.1:PORT/v1", the voice service)`` of a server with only voice on,
-    once ready (within ``ready_timeout_s``); ``voice`` and ``runtime`` override those config
-    sections' fields."""
+    once ready (within ``ready_timeout_s``); ``voice``, ``runtime`` and ``webrtc`` override those
+    config sections' fields."""
     config = config_from_mapping(
         {
             "robot": {"enabled": False},
@@ -42,6 +42,7 @@ async def voice_server(
             "runtime": runtime or {},
             "server": {"api_keys": [API_KEY], "start_timeout_s": 5},
             "voice": {"enabled": True, "max_sessions": 4, **voice},
+            "webrtc": webrtc or {},
         }
     )
     async with serve_in_process(config, ready=False) as (base, server):

@@ -25,8 +25,9 @@ from .dialect import Dialect
 from .errors import ErrorCode, ParamError, Rejected, supported_values, unsupported
 from .fields import Obj
 from .limits import Limits
-from .server_events import ServerEvent, render
+from .server_events import AudioDelta, ServerEvent, render
 from .session_config import SessionConfig, apply_update
+from .track import TrackAudio, pack
 from .wire import StrictJSONError, loads_strict
 
 _ERROR_DETAIL_CHARS = 200
@@ -40,6 +41,7 @@ _NOT_SUPPORTED = {  # known to some OpenAI dialect, not served here
 class CodecOptions:
     limits: Limits = Limits()
     semantic_vad: bool = False  # True once the voice kind implements semantic_vad turn detection
+    media_track: bool = False  # a WebRTC call: assistant audio renders as track frames (``track``)
 
 
 class RealtimeCodec:
@@ -58,8 +60,11 @@ class RealtimeCodec:
         """Call when the first assistant audio goes out; later voice changes are refused."""
         self.voice_locked = True
 
-    def render(self, event: ServerEvent) -> str | None:
-        """The frame of ``event`` in this connection's dialect (``None``: nothing to send)."""
+    def render(self, event: ServerEvent) -> str | bytes | None:
+        """The frame of ``event`` in this connection's dialect (``None``: nothing to send); with
+        ``media_track``, assistant audio as a track frame (bytes, ``track.pack``)."""
+        if self.options.media_track and isinstance(event, AudioDelta):
+            return pack(TrackAudio(event.ref.response_id, event.ref.item_id, event.format, event.audio))
         return render(event, self.dialect)
 
     def receive_bytes(self, data: bytes) -> Rejected:

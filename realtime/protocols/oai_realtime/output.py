@@ -125,7 +125,8 @@ class ResponseOutput:
         self.audio_bytes += len(data)
         self.kept += data[: max(ev.MAX_RETRIEVED_AUDIO_BYTES - len(self.kept), 0)]
         step = self.delta_bytes
-        return [ev.AudioDelta(self.ref, data[i : i + step]) for i in range(0, len(data), step)]
+        fmt = self.settings.output_format
+        return [ev.AudioDelta(self.ref, data[i : i + step], fmt) for i in range(0, len(data), step)]
 
     def call_started(self, index: int, name: str) -> list[ev.ServerEvent]:
         call = FunctionCall(new_id("item"), new_id("call"), name, "", "in_progress")

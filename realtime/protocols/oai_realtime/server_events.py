@@ -27,7 +27,7 @@ from .dialect import Dialect
 from .errors import Rejected
 from .items import ContentPart, Item, OutputAudio, OutputText, audio_bytes, render_item
 from .responses import ResponseSettings
-from .session_config import SessionConfig, render_format, render_modalities, render_session
+from .session_config import AudioFormat, SessionConfig, render_format, render_modalities, render_session
 from .wire import dumps, new_id
 
 MAX_RETRIEVED_AUDIO_BYTES = (
@@ -448,6 +448,7 @@ class AudioDelta(ServerEvent):
     TYPE = "response.output_audio.delta"
     ref: PartRef
     audio: bytes
+    format: AudioFormat = AudioFormat.PCM16  # of ``audio`` (a WebRTC call's track decodes it)
 
     def body(self, dialect: Dialect) -> dict[str, Any]:
         return {**dataclasses.asdict(self.ref), "delta": base64.b64encode(self.audio).decode("ascii")}

@@ -1,0 +1,166 @@
+"""A Python WebRTC client of this server's OpenAI Realtime calls (aiortc): what a browser does.
+
+    call = RealtimeCall("http://127.0.0.1:8000", api_key="ek_... or a key")
+    await call.connect()                       # offer -> POST /v1/realtime/calls -> answer
+    call.speak(samples_24k)                     # plays into the microphone track at real time
+    event = await call.next_event("response.done")
+    heard = call.heard()                        # the assistant's audio, 24 kHz mono float32
+    await call.close()
+
+The microphone track sends silence between utterances, as a real microphone does. Events come
+from the ``oai-events`` data channel as dicts; :meth:`RealtimeCall.send` sends one. The received
+track is decoded (Opus) and kept, with the monotonic time its first audible frame arrived.
+Needs the ``webrtc`` extra (``pip install -e '.[webrtc]'``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import soxr
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame
+
+RATE = 48_000
+FRAME = RATE // 50  # 20 ms
+AUDIBLE_RMS = 0.005  # a received frame louder than this is speech, not Opus's silence
+
+
+class _Microphone(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = np.zeros(0, np.int16)
+        self._start: float | None = None
+        self._pts = 0
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += FRAME
+            await asyncio.sleep(self._start + self._pts / RATE - time.monotonic())
+        out = np.zeros(FRAME, np.int16)
+        take = min(FRAME, len(self.pending))
+        out[:take], self.pending = self.pending[:take], self.pending[take:]
+        frame = AudioFrame.from_ndarray(out.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = RATE, self._pts, fractions.Fraction(1, RATE)
+        return frame
+
+
+class RealtimeCall:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        path: str = "/v1/realtime/calls",
+        session: dict | None = None,
+    ) -> None:
+        self.url = base_url.rstrip("/") + path
+        self.api_key = api_key
+        self.session = session
+        self.pc = RTCPeerConnection()
+        self.mic = _Microphone()
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.call_id = ""
+        self.events: list[dict[str, Any]] = []
+        self._event_added = asyncio.Condition()
+        self._received: list[np.ndarray] = []  # 48 kHz mono float32 frames
+        self.first_audible_at: float | None = None
+        self._reader: asyncio.Task | None = None
+        self.channel.on("message", self._on_message)
+        self.pc.on("track", self._on_track)
+
+    async def connect(self, timeout_s: float = 15.0) -> None:
+        self.pc.addTrack(self.mic)
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        async with httpx.AsyncClient(timeout=timeout_s) as http:
+            if self.session is None:
+                answer = await http.post(
+                    self.url,
+                    content=self.pc.localDescription.sdp,
+                    headers={**headers, "Content-Type": "application/sdp"},
+                )
+            else:
+                files = {
+                    "sdp": (None, self.pc.localDescription.sdp),
+                    "session": (None, json.dumps(self.session)),
+                }
+                answer = await http.post(self.url, files=files, headers=headers)
+        if answer.status_code != 201:
+            raise RuntimeError(f"call refused: {answer.status_code} {answer.text[:300]}")
+        self.call_id = answer.headers.get("location", "").rsplit("/", 1)[-1]
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer.text, "answer"))
+        opened = asyncio.Event()
+        if self.channel.readyState == "open":
+            opened.set()
+        self.channel.on("open", opened.set)
+        await asyncio.wait_for(opened.wait(), timeout_s)
+
+    def send(self, event: dict[str, Any]) -> None:
+        self.channel.send(json.dumps(event))
+
+    def speak(self, samples: np.ndarray, rate: int = 24_000) -> float:
+        """Queue mono float32 ``samples`` on the microphone; returns the seconds they take to play."""
+        pcm = soxr.resample(samples.astype(np.float32), rate, RATE)
+        self.mic.pending = np.concatenate([self.mic.pending, (np.clip(pcm, -1, 1) * 32767).astype(np.int16)])
+        return len(self.mic.pending) / RATE
+
+    async def next_event(self, kind: str, timeout_s: float = 60.0, after: int = 0) -> dict[str, Any]:
+        """The first event of type ``kind`` at index >= ``after`` in :attr:`events`."""
+
+        def found() -> dict[str, Any] | None:
+            return next((e for e in self.events[after:] if e.get("type") == kind), None)
+
+        async with self._event_added:
+            await asyncio.wait_for(self._event_added.wait_for(found), timeout_s)
+        event = found()
+        assert event is not None
+        return event
+
+    def heard(self, rate: int = 24_000) -> np.ndarray:
+        """Everything the assistant's track played so far, mono float32 at ``rate``."""
+        audio = np.concatenate(self._received) if self._received else np.zeros(0, np.float32)
+        return soxr.resample(audio, RATE, rate).astype(np.float32) if len(audio) else audio
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        await self.pc.close()
+
+    def _on_message(self, message: str | bytes) -> None:
+        self.events.append(json.loads(message))
+        asyncio.ensure_future(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._event_added:
+            self._event_added.notify_all()
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._reader = asyncio.ensure_future(self._read(track))
+
+    async def _read(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            channels = len(frame.layout.channels)
+            pcm = frame.to_ndarray().reshape(-1, channels).astype(np.float32).mean(axis=1) / 32768.0
+            if frame.sample_rate != RATE:
+                pcm = soxr.resample(pcm, frame.sample_rate, RATE)
+            self._received.append(pcm)
+            if self.first_audible_at is None and float(np.sqrt(np.mean(pcm**2))) > AUDIBLE_RMS:
+                self.first_audible_at = time.monotonic()

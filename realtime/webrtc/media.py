@@ -1,0 +1,98 @@
+"""A WebRTC call's audio in and out, on aiortc's tracks (Opus is aiortc's; resampling is soxr's).
+
+- :class:`PlayoutTrack`: the server's outgoing track. aiortc's sender pulls a frame every 20 ms
+  of media time; the track paces itself on the wall clock (as aiortc's own tracks do) and plays
+  the call's :class:`~realtime.webrtc.playout.Playout` (silence when it is empty), handing the
+  ``output_audio_buffer.*`` events a pull causes to ``on_events``.
+- :func:`read_microphone`: the client's incoming track, decoded by aiortc, down-mixed to mono and
+  resampled to the VAD's 16 kHz, cut into chunks of ``chunk_ms`` for the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import time
+from collections.abc import Callable
+
+import numpy as np
+import soxr
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame
+
+from realtime.protocols.oai_realtime import server_events as ev
+from realtime.webrtc.playout import FRAME_SAMPLES, RATE, Playout
+
+MIC_RATE = 16_000  # what the VAD and the ASR take
+_TIME_BASE = fractions.Fraction(1, RATE)
+
+
+class PlayoutTrack(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(self, playout: Playout, on_events: Callable[[list[ev.ServerEvent]], None]) -> None:
+        super().__init__()
+        self.playout = playout
+        self.on_events = on_events
+        self._start: float | None = None
+        self._pts = 0
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += FRAME_SAMPLES
+            await asyncio.sleep(self._start + self._pts / RATE - time.monotonic())
+        samples, events = self.playout.pull()
+        if events:
+            self.on_events(events)
+        frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.pts = self._pts
+        frame.time_base = _TIME_BASE
+        return frame
+
+
+class Resampler:
+    """Mono float32 audio of one rate to another, streaming (no clicks between chunks)."""
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        self.in_rate, self.out_rate = in_rate, out_rate
+        self._stream = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32")
+
+    def __call__(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
+        if self.in_rate == self.out_rate:
+            return samples.astype(np.float32, copy=False)
+        return self._stream.resample_chunk(samples.astype(np.float32, copy=False), last=last)
+
+
+def frame_to_mono(frame: AudioFrame) -> np.ndarray:
+    """An aiortc-decoded frame (s16, packed, any layout) as mono float32."""
+    channels = len(frame.layout.channels)
+    pcm = frame.to_ndarray().reshape(-1, channels).astype(np.float32) / 32768.0
+    return pcm.mean(axis=1) if channels > 1 else pcm[:, 0]
+
+
+async def read_microphone(
+    track: MediaStreamTrack, chunk_ms: int, deliver: Callable[[np.ndarray], None]
+) -> None:
+    """Until the track ends: its audio as 16 kHz mono float32 chunks of ``chunk_ms``."""
+    chunk = MIC_RATE * chunk_ms // 1000
+    resampler: Resampler | None = None
+    pending: list[np.ndarray] = []
+    held = 0
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        if resampler is None or resampler.in_rate != frame.sample_rate:
+            resampler = Resampler(frame.sample_rate, MIC_RATE)
+        samples = resampler(frame_to_mono(frame))
+        pending.append(samples)
+        held += len(samples)
+        if held >= chunk:
+            deliver(np.concatenate(pending))
+            pending, held = [], 0
