@@ -8,8 +8,13 @@
     await call.close()
 
 The microphone track sends silence between utterances, as a real microphone does. Events come
-from the ``oai-events`` data channel as dicts; :meth:`RealtimeCall.send` sends one. The received
-track is decoded (Opus) and kept, with the monotonic time its first audible frame arrived.
+from the ``oai-events`` data channel as dicts (``received_at``: the monotonic time each arrived);
+:meth:`RealtimeCall.send` sends one. The received track is decoded (Opus) and kept, with the
+monotonic time its first audible frame arrived (``first_audible_at``; :meth:`RealtimeCall.mark`
+starts timing the next one, :meth:`RealtimeCall.audible` waits for it). Timing a turn, as
+``realtime bench voice --transport webrtc`` does: ``after = call.mark()`` before speaking,
+``stopped = await call.next_event("input_audio_buffer.speech_stopped", after=after)``, then
+``call.mark()`` and ``await call.audible() - call.received_at[call.events.index(stopped)]``.
 Needs the ``webrtc`` extra (``pip install -e '.[webrtc]'``).
 """
 
@@ -74,9 +79,11 @@ class RealtimeCall:
         self.channel = self.pc.createDataChannel("oai-events")
         self.call_id = ""
         self.events: list[dict[str, Any]] = []
+        self.received_at: list[float] = []  # time.monotonic() of each event's arrival
         self._event_added = asyncio.Condition()
         self._received: list[np.ndarray] = []  # 48 kHz mono float32 frames
         self.first_audible_at: float | None = None
+        self._audible = asyncio.Event()
         self._reader: asyncio.Task | None = None
         self.channel.on("message", self._on_message)
         self.pc.on("track", self._on_track)
@@ -129,6 +136,19 @@ class RealtimeCall:
         assert event is not None
         return event
 
+    def mark(self) -> int:
+        """A new turn: forget the audible onset seen so far (:attr:`first_audible_at` becomes the
+        next one's); the index the next event will have, for ``next_event(after=...)``."""
+        self.first_audible_at = None
+        self._audible.clear()
+        return len(self.events)
+
+    async def audible(self, timeout_s: float = 60.0) -> float:
+        """:attr:`first_audible_at`, once a frame louder than silence has arrived since :meth:`mark`."""
+        await asyncio.wait_for(self._audible.wait(), timeout_s)
+        assert self.first_audible_at is not None
+        return self.first_audible_at
+
     def heard(self, rate: int = 24_000) -> np.ndarray:
         """Everything the assistant's track played so far, mono float32 at ``rate``."""
         audio = np.concatenate(self._received) if self._received else np.zeros(0, np.float32)
@@ -140,6 +160,7 @@ class RealtimeCall:
         await self.pc.close()
 
     def _on_message(self, message: str | bytes) -> None:
+        self.received_at.append(time.monotonic())
         self.events.append(json.loads(message))
         asyncio.ensure_future(self._notify())
 
@@ -164,3 +185,4 @@ class RealtimeCall:
             self._received.append(pcm)
             if self.first_audible_at is None and float(np.sqrt(np.mean(pcm**2))) > AUDIBLE_RMS:
                 self.first_audible_at = time.monotonic()
+                self._audible.set()
