@@ -145,6 +145,7 @@ class Call:
         samples = self._resampler[1](decode_audio(audio.audio, audio.format))
         pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16)
         self.playout.push(audio.response_id, audio.item_id, pcm)
+        self.track.audio_queued()
 
     def _send_events(self, events: list[ev.ServerEvent]) -> None:
         if self.channel is None or self.channel.readyState != "open":

@@ -3,7 +3,9 @@
 - :class:`PlayoutTrack`: the server's outgoing track. aiortc's sender pulls a frame every 20 ms
   of media time; the track paces itself on the wall clock (as aiortc's own tracks do) and plays
   the call's :class:`~realtime.webrtc.playout.Playout` (silence when it is empty), handing the
-  ``output_audio_buffer.*`` events a pull causes to ``on_events``.
+  ``output_audio_buffer.*`` events a pull causes to ``on_events``. While it plays silence,
+  audio that arrives goes out at once (not at the next 20 ms tick) and the clock restarts there:
+  a receiver sees one early packet, which its jitter buffer absorbs.
 - :func:`read_microphone`: the client's incoming track, decoded by aiortc, down-mixed to mono and
   resampled to the VAD's 16 kHz, cut into chunks of ``chunk_ms`` for the connection.
 """
@@ -36,6 +38,11 @@ class PlayoutTrack(MediaStreamTrack):
         self.on_events = on_events
         self._start: float | None = None
         self._pts = 0
+        self._audio = asyncio.Event()  # set by :meth:`audio_queued`
+
+    def audio_queued(self) -> None:
+        """Audio entered the playout: a track waiting out a silent frame sends it now."""
+        self._audio.set()
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
@@ -44,7 +51,16 @@ class PlayoutTrack(MediaStreamTrack):
             self._start = time.monotonic()
         else:
             self._pts += FRAME_SAMPLES
-            await asyncio.sleep(self._start + self._pts / RATE - time.monotonic())
+            delay = self._start + self._pts / RATE - time.monotonic()
+            if self.playout.queued_samples:
+                await asyncio.sleep(delay)
+            else:  # silence so far: the first audio goes out at once, and the clock restarts there
+                self._audio.clear()
+                try:
+                    await asyncio.wait_for(self._audio.wait(), max(delay, 0.0))
+                    self._start = time.monotonic() - self._pts / RATE
+                except TimeoutError:
+                    pass
         samples, events = self.playout.pull()
         if events:
             self.on_events(events)
