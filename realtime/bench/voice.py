@@ -11,6 +11,11 @@ Last line: JSON with ``ttfa_ms_N`` / ``ttfa_ms_N_p95`` / ``stall_ms_N_p95`` / ``
 ``ttfa_ms_N_burst``, ``ttfa_8_vs_1_ratio`` and ``ttfa_8_vs_1_burst_ratio``, ``model_ms``,
 ``overhead_ms_1``, ``ttfa_chunked_ms_1``, ``ttfa_full_ms_1``, ``ttfa_chunked_vs_full_ratio``,
 ``ttfa_ms_4_transformers``, ``cycle_s``.
+
+``realtime bench voice --transport webrtc`` (``OMP_NUM_THREADS=1 realtime bench voice --transport
+webrtc``) measures instead TTFA over WebRTC calls against the websocket, the same turns on one
+server at 1 and 8 sessions (``realtime/bench/voice_webrtc.py``; issue 31's goal: WebRTC adds
+<= 30 ms at p50).
 """
 
 from __future__ import annotations
@@ -176,10 +181,14 @@ async def until_released(url: str, timeout_s: float = 60.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def voice_server(args: argparse.Namespace, **voice: Any) -> AsyncIterator[tuple[str, Any]]:
-    """``(ws url of /v1/realtime, the voice service)`` of a real server in this process, ready."""
+async def voice_server(
+    args: argparse.Namespace, webrtc: dict[str, Any] | None = None, **voice: Any
+) -> AsyncIterator[tuple[str, Any]]:
+    """``(ws url of /v1/realtime, the voice service)`` of a real server in this process, ready;
+    ``webrtc``: the ``webrtc`` config section (WebRTC calls), where the mode uses them."""
     config = config_from_mapping(
         {
+            "webrtc": webrtc or {},
             "robot": {"enabled": False},
             "world": {"enabled": False},
             "server": {"log_level": "warning", "start_timeout_s": 600},
@@ -363,8 +372,16 @@ def main(argv: list[str]) -> int:
         epilog=MODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--sessions", type=int, nargs="+", default=[1, 4, 8])
-    p.add_argument("--rounds", type=int, default=3, help="burst: turns per session count (median over all)")
+    p.add_argument(
+        "--transport",
+        choices=["websocket", "webrtc"],
+        default="websocket",
+        help="webrtc: TTFA over WebRTC calls vs the websocket, side by side (only that; issue 31)",
+    )
+    p.add_argument("--sessions", type=int, nargs="+", help="session counts (default 1 4 8; webrtc: 1 8)")
+    p.add_argument("--rounds", type=int,
+                   help="burst: turns per session count, median over all (default 3); webrtc: rounds "
+                   "per user, the first a warm-up (default 5)")  # fmt: skip
     p.add_argument("--turns", type=int, default=3, help="load: measured turns per session (after a warm-up)")
     p.add_argument("--think-s", type=float, nargs=2, default=[1.0, 3.0], metavar=("MIN", "MAX"),
                    help="load: a user's pause between hearing the answer and speaking again (uniform)")  # fmt: skip
@@ -383,6 +400,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--set", type=voice_setting, action="append", default=[], metavar="KEY=VALUE",
                    help="a voice.* setting for the bench's servers (VALUE as JSON, else a string); repeatable")  # fmt: skip
     args = p.parse_args(argv)
+    webrtc = args.transport == "webrtc"
+    args.sessions = args.sessions or ([1, 8] if webrtc else [1, 4, 8])
+    args.rounds = args.rounds or (5 if webrtc else 3)
     if 1 not in args.sessions:
         p.error("--sessions must include 1 (the ratios, the overhead and the load's cycle use it)")
     if (
@@ -392,8 +412,20 @@ def main(argv: list[str]) -> int:
         or not 0 <= args.think_s[0] <= args.think_s[1]
     ):
         p.error("--sessions, --turns and --rounds must be >= 1 and --think-s MIN <= MAX, both >= 0")
-    if importlib.util.find_spec("openai") is None:
+    if webrtc and args.rounds < 2:
+        p.error("--transport webrtc needs --rounds >= 2 (the first is a warm-up)")
+    if webrtc and importlib.util.find_spec("aiortc") is None:
+        p.error("--transport webrtc needs the webrtc extra: pip install -e '.[webrtc]'")
+    if not webrtc and importlib.util.find_spec("openai") is None:
         p.error("the conversation-load clients are the openai SDK's: pip install 'realtime-sessions[test]'")
+    if webrtc:
+        from realtime.bench import voice_webrtc
+
+        figures = asyncio.run(voice_webrtc.run(args))
+        print(
+            json.dumps({**figures, "question": args.question, "rounds": args.rounds, "set": dict(args.set)})
+        )
+        return 0
     figures = asyncio.run(run(args))
     settings = dict(args.set)
     print(
