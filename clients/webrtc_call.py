@@ -7,7 +7,8 @@
     heard = call.heard()                        # the assistant's audio, 24 kHz mono float32
     await call.close()
 
-The microphone track sends silence between utterances, as a real microphone does. Events come
+The microphone track (the server's own playout track, ``realtime.webrtc.media``) sends speech
+at real time and silence between utterances, as a real microphone does. Events come
 from the ``oai-events`` data channel as dicts (``received_at``: the monotonic time each arrived);
 :meth:`RealtimeCall.send` sends one. The received track is decoded (Opus) and kept, with the
 monotonic time its first audible frame arrived (``first_audible_at``; :meth:`RealtimeCall.mark`
@@ -21,7 +22,6 @@ Needs the ``webrtc`` extra (``pip install -e '.[webrtc]'``).
 from __future__ import annotations
 
 import asyncio
-import fractions
 import json
 import time
 from typing import Any
@@ -30,37 +30,15 @@ import httpx
 import numpy as np
 import soxr
 from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame
+
+from realtime.webrtc.media import PlayoutTrack, frame_to_mono
+from realtime.webrtc.playout import Playout
 
 RATE = 48_000
-FRAME = RATE // 50  # 20 ms
+MAX_SPEECH_S = 600.0  # what speak() may queue
 AUDIBLE_RMS = 0.005  # a received frame louder than this is speech, not Opus's silence
-
-
-class _Microphone(MediaStreamTrack):
-    kind = "audio"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pending = np.zeros(0, np.int16)
-        self._start: float | None = None
-        self._pts = 0
-
-    async def recv(self) -> AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        if self._start is None:
-            self._start = time.monotonic()
-        else:
-            self._pts += FRAME
-            await asyncio.sleep(self._start + self._pts / RATE - time.monotonic())
-        out = np.zeros(FRAME, np.int16)
-        take = min(FRAME, len(self.pending))
-        out[:take], self.pending = self.pending[:take], self.pending[take:]
-        frame = AudioFrame.from_ndarray(out.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate, frame.pts, frame.time_base = RATE, self._pts, fractions.Fraction(1, RATE)
-        return frame
 
 
 class RealtimeCall:
@@ -70,12 +48,17 @@ class RealtimeCall:
         api_key: str | None = None,
         path: str = "/v1/realtime/calls",
         session: dict | None = None,
+        receive_buffer_frames: int | None = None,
     ) -> None:
+        """``receive_buffer_frames``: 20 ms frames the received track's jitter buffer holds
+        before it plays one (``None``: aiortc's fixed 4; ``0`` on loopback, where packets
+        neither jitter nor reorder, so first audio is timed as it arrives)."""
         self.url = base_url.rstrip("/") + path
         self.api_key = api_key
         self.session = session
+        self.receive_buffer_frames = receive_buffer_frames
         self.pc = RTCPeerConnection()
-        self.mic = _Microphone()
+        self.mic = PlayoutTrack(Playout(MAX_SPEECH_S), lambda events: None)  # real time, silence between
         self.channel = self.pc.createDataChannel("oai-events")
         self.call_id = ""
         self.events: list[dict[str, Any]] = []
@@ -121,8 +104,9 @@ class RealtimeCall:
     def speak(self, samples: np.ndarray, rate: int = 24_000) -> float:
         """Queue mono float32 ``samples`` on the microphone; returns the seconds they take to play."""
         pcm = soxr.resample(samples.astype(np.float32), rate, RATE)
-        self.mic.pending = np.concatenate([self.mic.pending, (np.clip(pcm, -1, 1) * 32767).astype(np.int16)])
-        return len(self.mic.pending) / RATE
+        self.mic.playout.push("mic", "mic", (np.clip(pcm, -1, 1) * 32767).astype(np.int16))
+        self.mic.audio_queued()
+        return self.mic.playout.queued_samples / RATE
 
     async def next_event(self, kind: str, timeout_s: float = 60.0, after: int = 0) -> dict[str, Any]:
         """The first event of type ``kind`` at index >= ``after`` in :attr:`events`."""
@@ -169,8 +153,15 @@ class RealtimeCall:
             self._event_added.notify_all()
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind == "audio":
-            self._reader = asyncio.ensure_future(self._read(track))
+        if track.kind != "audio":
+            return
+        if self.receive_buffer_frames is not None:
+            receiver = next(t.receiver for t in self.pc.getTransceivers() if t.receiver.track is track)
+            # aiortc fixes its audio jitter buffer at 4 frames and offers no setting for it
+            receiver._RTCRtpReceiver__jitter_buffer = JitterBuffer(
+                capacity=16, prefetch=self.receive_buffer_frames
+            )
+        self._reader = asyncio.ensure_future(self._read(track))
 
     async def _read(self, track: MediaStreamTrack) -> None:
         while True:
@@ -178,8 +169,7 @@ class RealtimeCall:
                 frame = await track.recv()
             except MediaStreamError:
                 return
-            channels = len(frame.layout.channels)
-            pcm = frame.to_ndarray().reshape(-1, channels).astype(np.float32).mean(axis=1) / 32768.0
+            pcm = frame_to_mono(frame)
             if frame.sample_rate != RATE:
                 pcm = soxr.resample(pcm, frame.sample_rate, RATE)
             self._received.append(pcm)

@@ -17,7 +17,10 @@ does it on its own machine, so it stays off the server's event loop (not off the
 
 **TTFA**, client side: from receiving ``input_audio_buffer.speech_stopped`` to the first
 *audible* audio, the same on both transports: WebRTC, the first audible 20 ms frame decoded from
-the call's track (``RealtimeCall.first_audible_at``: RMS > 0.005); websocket, the first
+the call's track (``RealtimeCall.first_audible_at``: RMS > 0.005; the client's receive jitter
+buffer at 0 frames, so a frame is timed when the packet after it arrives, as a websocket delta
+is timed on arrival: what a player buffers after that is the client's choice on both
+transports, and aiortc's fixed 4 frames would add 80 ms no browser adds on loopback); websocket, the first
 ``response.output_audio.delta`` plus the reply's *onset*, where its first audible 20 ms window
 lies in its audio (the time a client that plays from the first delta starts to sound). The onset
 is the TTS's lead-in (~0.25-0.3 s of near-zero samples before the first word): the track carries
@@ -156,7 +159,7 @@ async def user(
     await asyncio.sleep(start_s)
     samples = np.frombuffer(pcm, np.int16).astype(np.float32) / 32768.0
     out: dict[str, list[Turn]] = {t: [] for t in TRANSPORTS}
-    call = RealtimeCall(base)
+    call = RealtimeCall(base, receive_buffer_frames=0)  # loopback: time audio as it arrives
     try:
         await call.connect()
         await call.next_event("session.created", 30)

@@ -4,8 +4,9 @@
   of media time; the track paces itself on the wall clock (as aiortc's own tracks do) and plays
   the call's :class:`~realtime.webrtc.playout.Playout` (silence when it is empty), handing the
   ``output_audio_buffer.*`` events a pull causes to ``on_events``. While it plays silence,
-  audio that arrives goes out at once (not at the next 20 ms tick) and the clock restarts there:
-  a receiver sees one early packet, which its jitter buffer absorbs.
+  audio that arrives goes out at once (not at the next 20 ms tick), its first :data:`PREROLL`
+  frames back to back, and the clock restarts there: a receiver's jitter buffer, which plays a
+  frame once the next one is in, starts the answer at its arrival, and absorbs the 20 ms lead.
 - :func:`read_microphone`: the client's incoming track, decoded by aiortc, down-mixed to mono and
   resampled to the VAD's 16 kHz, cut into chunks of ``chunk_ms`` for the connection.
 """
@@ -26,6 +27,7 @@ from realtime.protocols.oai_realtime import server_events as ev
 from realtime.webrtc.playout import FRAME_SAMPLES, RATE, Playout
 
 MIC_RATE = 16_000  # what the VAD and the ASR take
+PREROLL = 1  # frames sent ahead of the clock when audio starts after silence
 _TIME_BASE = fractions.Fraction(1, RATE)
 
 
@@ -54,11 +56,11 @@ class PlayoutTrack(MediaStreamTrack):
             delay = self._start + self._pts / RATE - time.monotonic()
             if self.playout.queued_samples:
                 await asyncio.sleep(delay)
-            else:  # silence so far: the first audio goes out at once, and the clock restarts there
+            else:  # silence so far: the first audio goes out at once, with the frame after it
                 self._audio.clear()
                 try:
                     await asyncio.wait_for(self._audio.wait(), max(delay, 0.0))
-                    self._start = time.monotonic() - self._pts / RATE
+                    self._start = time.monotonic() - (self._pts + PREROLL * FRAME_SAMPLES) / RATE
                 except TimeoutError:
                     pass
         samples, events = self.playout.pull()
