@@ -9,8 +9,10 @@ aiortc, Opus both ways) and ask ``--question`` over both in turn, ``--rounds`` r
 warm-up; which transport goes first alternates). A turn: the question spoken at real-time pace
 (websocket: 20 ms appends; WebRTC: the call's microphone, real time by nature; 0.5 s of silence
 before, 1 s after), server VAD ends it, the response is cut at its first audio (websocket:
-``response.cancel``; WebRTC: ``output_audio_buffer.clear``, which cancels and clears) and the turn
-ends at ``response.done`` (and, on WebRTC, ``output_audio_buffer.cleared``). Users start spread
+``response.cancel``, then ``conversation.item.truncate`` at what played once it is done;
+WebRTC: ``output_audio_buffer.clear``, which cancels, clears and truncates on the server) and the
+turn ends at ``response.done`` and the truncation (on WebRTC, ``output_audio_buffer.cleared``).
+Both conversations get the same edits, so both LLM prompts (and their KV reuse) stay alike. Users start spread
 over one round, so their turns end at unrelated moments. The clients run in a second process
 (spawned): a call's aiortc work on the client side is as much as on the server's, and a browser
 does it on its own machine, so it stays off the server's event loop (not off the box's cores).
@@ -94,10 +96,12 @@ async def stream(ws: Any, pcm: bytes) -> None:
 
 
 async def websocket_turn(ws: Any, pcm: bytes) -> Turn:
-    """Speak, time the first delta, read on to the reply's onset, cancel, until ``response.done``."""
+    """Speak, time the first delta, read on to the reply's onset, cancel, until ``response.done``;
+    then truncate the reply to what played, as a websocket client does when it stops playing
+    (the WebRTC turn's clear makes the server do the same: both conversations stay alike)."""
     speaking = asyncio.create_task(stream(ws, pcm))
     stopped = first = None
-    response_id, audio, cancelled = None, b"", False
+    response_id, item_id, audio, cancelled = None, "", b"", False
     try:
         async with asyncio.timeout(TURN_TIMEOUT_S):
             while True:
@@ -108,7 +112,7 @@ async def websocket_turn(ws: Any, pcm: bytes) -> Turn:
                 elif kind == "response.created" and stopped is not None:
                     response_id = event["response"]["id"]
                 elif kind == "response.output_audio.delta" and event["response_id"] == response_id:
-                    first = first or now
+                    first, item_id = first or now, event["item_id"]
                     audio += base64.b64decode(event["delta"])
                     if not cancelled and onset_ms(audio) is not None:
                         cancelled = True
@@ -118,6 +122,10 @@ async def websocket_turn(ws: Any, pcm: bytes) -> Turn:
                 elif kind == "response.done" and event["response"]["id"] == response_id:
                     if event["response"]["status"] == "failed" or first is None:
                         raise RuntimeError(f"response failed: {event['response'].get('status_details')}")
+                    played = (onset_ms(audio) or 0) + 1000 * WINDOW // RATE  # through the onset window
+                    truncate = {"item_id": item_id, "content_index": 0, "audio_end_ms": int(played)}
+                    await ws.send(json.dumps({"type": "conversation.item.truncate", **truncate}))
+                elif kind == "conversation.item.truncated" and event["item_id"] == item_id:
                     break
             await speaking  # the question's tail of silence
     finally:
