@@ -52,8 +52,7 @@ class CallRegistry:
         self.config = config
         self._calls: dict[str, tuple[Call, Any]] = {}  # id -> (call, its peer connection)
         self._tasks: set[asyncio.Task] = set()
-        if config.host_addresses:
-            _use_host_addresses(config.host_addresses)
+        _use_host_addresses(config.host_addresses)
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -141,6 +140,16 @@ class CallRegistry:
 
 
 def _use_host_addresses(addresses: tuple[str, ...]) -> None:
+    """aioice's host-address discovery, or ``addresses`` in its place (``()``: aioice's own)."""
     import aioice.ice
 
-    aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: list(addresses)
+    discover = getattr(aioice.ice.get_host_addresses, "discover", aioice.ice.get_host_addresses)
+    if not addresses:
+        aioice.ice.get_host_addresses = discover
+        return
+
+    def configured(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        return list(addresses)
+
+    configured.discover = discover  # type: ignore[attr-defined]
+    aioice.ice.get_host_addresses = configured

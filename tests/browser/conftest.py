@@ -27,6 +27,7 @@ FLAGS = [
     "--disable-sync",
     "--use-fake-ui-for-media-stream",
     "--use-fake-device-for-media-stream",
+    "--allow-loopback-in-peer-connection",  # WebRTC host candidates on 127.0.0.1 (a box may have no other)
 ]
 # the fake microphone: the question, then a silence long enough for its answer to play out
 MIC_LEAD_S, MIC_TAIL_S = 0.5, 12.0
@@ -52,6 +53,16 @@ def write_mic_wav(path: Path) -> Path:
         out.setframerate(SAMPLE_RATE)
         out.writeframes(float_to_pcm16(spoken_24k(QUESTION, MIC_LEAD_S, MIC_TAIL_S)))
     return path
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def voice_base() -> AsyncIterator[str]:
+    """An in-process voice server's base URL (``http://127.0.0.1:PORT``), one per test module, with
+    an API key (``tests.voice.realtime_client.API_KEY``) and WebRTC calls on loopback candidates."""
+    from tests.voice.realtime_client import voice_server
+
+    async with voice_server(webrtc={"host_addresses": ["127.0.0.1"]}) as (url, _):
+        yield url.replace("ws://", "http://").removesuffix("/v1")
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

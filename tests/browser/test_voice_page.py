@@ -15,10 +15,9 @@ it and the line is marked interrupted. The console stays clean. One server for t
 from __future__ import annotations
 
 import pytest
-import pytest_asyncio
 
 from tests.browser.conftest import mic_loop_s, open_page
-from tests.voice.realtime_client import API_KEY, voice_server
+from tests.voice.realtime_client import API_KEY
 
 async_api = pytest.importorskip("playwright.async_api", reason="Python Playwright is not installed")
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
@@ -27,15 +26,9 @@ BARGE_IN_ATTEMPTS = 3
 SEND_AHEAD_MS = 4000  # the story is asked for this long before the next loop: its audio is playing then
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def base():
-    async with voice_server() as (url, _):
-        yield url.replace("ws://", "http://").removesuffix("/v1")
-
-
-async def test_voice_page_answers_the_spoken_question_and_barge_in_truncates(browser, base, tmp_path):
+async def test_voice_page_answers_the_spoken_question_and_barge_in_truncates(browser, voice_base, tmp_path):
     async with open_page(browser, tmp_path / "voice-page.png") as (page, console):
-        await page.goto(f"{base}/demo/voice?api_key={API_KEY}")
+        await page.goto(f"{voice_base}/demo/voice?api_key={API_KEY}")
         await page.click("#start")  # a user gesture: the AudioContext may start
         await page.wait_for_function("window.voiceStats?.state === 'listening'", timeout=30_000)
         await page.wait_for_function(
@@ -82,10 +75,10 @@ async def test_voice_page_answers_the_spoken_question_and_barge_in_truncates(bro
     assert (tmp_path / "voice-page.png").stat().st_size > 0
 
 
-async def test_a_typed_message_is_answered_without_the_microphone(browser, base, tmp_path):
+async def test_a_typed_message_is_answered_without_the_microphone(browser, voice_base, tmp_path):
     """Typing needs no "start talking": sending connects (audio out only) and the answer comes."""
     async with open_page(browser, tmp_path / "voice-typed.png") as (page, console):
-        await page.goto(f"{base}/demo/voice?api_key={API_KEY}")
+        await page.goto(f"{voice_base}/demo/voice?api_key={API_KEY}")
         await page.wait_for_function("window.voiceStats !== undefined", timeout=30_000)
         assert await page.locator("#send").is_enabled() and await page.locator("#text").is_enabled()
         await page.fill("#text", "What is the capital of France?")

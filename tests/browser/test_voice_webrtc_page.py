@@ -17,10 +17,9 @@ it, and the console stays clean. Skipped where ``aiortc`` (the server's WebRTC s
 from __future__ import annotations
 
 import pytest
-import pytest_asyncio
 
 from tests.browser.conftest import open_page
-from tests.voice.realtime_client import API_KEY, voice_server
+from tests.voice.realtime_client import API_KEY
 
 pytest.importorskip(
     "aiortc", reason="aiortc (the server's WebRTC stack) is not installed (pip install -e '.[webrtc]')"
@@ -34,15 +33,9 @@ ANSWERED = (
 )
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def base():
-    async with voice_server() as (url, _):
-        yield url.replace("ws://", "http://").removesuffix("/v1")
-
-
-async def test_the_agents_sdk_holds_a_spoken_exchange_over_webrtc(browser, base, tmp_path):
+async def test_the_agents_sdk_holds_a_spoken_exchange_over_webrtc(browser, voice_base, tmp_path):
     async with open_page(browser, tmp_path / "voice-webrtc.png") as (page, console):
-        await page.goto(f"{base}/demo/voice-webrtc?api_key={API_KEY}")
+        await page.goto(f"{voice_base}/demo/voice-webrtc?api_key={API_KEY}")
         await page.wait_for_function("window.webrtcDemo !== undefined", timeout=30_000)
         await page.click("#call")  # a user gesture: the SDK's audio element may play
         await page.wait_for_function(
