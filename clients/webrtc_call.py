@@ -24,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.error
+import urllib.request
+import uuid
 from typing import Any
 
-import httpx
 import numpy as np
 import soxr
 from aiortc import RTCPeerConnection, RTCSessionDescription
@@ -75,23 +77,26 @@ class RealtimeCall:
         self.pc.addTrack(self.mic)
         await self.pc.setLocalDescription(await self.pc.createOffer())
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        async with httpx.AsyncClient(timeout=timeout_s) as http:
-            if self.session is None:
-                answer = await http.post(
-                    self.url,
-                    content=self.pc.localDescription.sdp,
-                    headers={**headers, "Content-Type": "application/sdp"},
-                )
-            else:
-                files = {
-                    "sdp": (None, self.pc.localDescription.sdp),
-                    "session": (None, json.dumps(self.session)),
-                }
-                answer = await http.post(self.url, files=files, headers=headers)
-        if answer.status_code != 201:
-            raise RuntimeError(f"call refused: {answer.status_code} {answer.text[:300]}")
-        self.call_id = answer.headers.get("location", "").rsplit("/", 1)[-1]
-        await self.pc.setRemoteDescription(RTCSessionDescription(answer.text, "answer"))
+        sdp = self.pc.localDescription.sdp
+        if self.session is None:
+            body, content_type = sdp.encode(), "application/sdp"
+        else:
+            body, content_type = _form({"sdp": sdp, "session": json.dumps(self.session)})
+        request = urllib.request.Request(
+            self.url, body, {**headers, "Content-Type": content_type}, method="POST"
+        )
+        try:
+            answer = await asyncio.to_thread(urllib.request.urlopen, request, timeout=timeout_s)
+        except urllib.error.HTTPError as refused:
+            raise RuntimeError(
+                f"call refused: {refused.code} {refused.read()[:300].decode(errors='replace')}"
+            ) from None
+        with answer:
+            status, location, text = answer.status, answer.headers.get("location", ""), answer.read().decode()
+        if status != 201:
+            raise RuntimeError(f"call refused: {status} {text[:300]}")
+        self.call_id = location.rsplit("/", 1)[-1]
+        await self.pc.setRemoteDescription(RTCSessionDescription(text, "answer"))
         opened = asyncio.Event()
         if self.channel.readyState == "open":
             opened.set()
@@ -176,3 +181,13 @@ class RealtimeCall:
             if self.first_audible_at is None and float(np.sqrt(np.mean(pcm**2))) > AUDIBLE_RMS:
                 self.first_audible_at = time.monotonic()
                 self._audible.set()
+
+
+def _form(fields: dict[str, str]) -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body of text fields, and its content type."""
+    boundary = uuid.uuid4().hex
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+        for name, value in fields.items()
+    ]
+    return ("".join(parts) + f"--{boundary}--\r\n").encode(), f"multipart/form-data; boundary={boundary}"
