@@ -18,6 +18,7 @@ through it. Three parts, one job each:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Histogram
@@ -212,13 +213,12 @@ class VoiceService(KindServiceBase):
         await self.serve(websocket, handler, subprotocol=handshake.subprotocol, headers=headers)
 
     async def _call_ga(self, request: Request) -> Response:
-        beta = "realtime=v1" in request.headers.get("openai-beta", "").replace(" ", "").split(",")
-        return await self._call(request, Dialect.BETA if beta else Dialect.GA)
+        return await self._call(request, beta=False)
 
     async def _call_beta(self, request: Request) -> Response:
-        return await self._call(request, Dialect.BETA)
+        return await self._call(request, beta=True)
 
-    async def _call(self, request: Request, dialect: Dialect) -> Response:
+    async def _call(self, request: Request, beta: bool) -> Response:
         """A WebRTC call (``realtime.webrtc``): the SDP offer in, the answer out (201); the call
         then runs the same handler as a websocket, on the call's tracks and data channel."""
         if self.calls is None:
@@ -232,7 +232,10 @@ class VoiceService(KindServiceBase):
         if body is None:
             limit = calls_wire.MAX_BODY_BYTES
             return _error(413, Rejected("request_too_large", f"The body is larger than {limit} bytes."))
-        handshake = Handshake(dialect, None, request.query_params.get("model"))
+        handshake = negotiate(request.scope.get("query_string", b""), request.headers, ())
+        if beta:  # the beta form is beta whatever its headers say
+            handshake = replace(handshake, dialect=Dialect.BETA)
+        dialect = handshake.dialect
         defaults = request.scope.get("state", {}).get(BOUND_SESSION) or self.session_defaults(handshake)
         try:
             offer = calls_wire.parse_call(
