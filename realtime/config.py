@@ -155,6 +155,7 @@ class RobotConfig:
     torch_threads: NonNegativeInt = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cuda_graphs: bool = True
+    compile: bool | Literal["auto"] = "auto"  # torch.compile pi0's layers; auto: on CUDA devices
 
     def validate(self, path: str) -> None:
         """A checkpoint policy's folder is read and checked here (headers and small files only:

@@ -40,7 +40,7 @@ embedded default policy. Checkpoints in openpi's and LeRobot's layouts load thro
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,7 +199,11 @@ class GemmaLayer(nn.Module):
             kv[0][:, :, start : start + T] = k
             kv[1][:, :, start : start + T] = v
             keys, values = kv[0][:, :, : start + T], kv[1][:, :, : start + T]
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=nkv != nh)
+        # the query heads of one K/V head folded into its query rows: every mask here is over
+        # keys only, so this is exact, and one head of 8T rows takes the fused kernels that
+        # grouped-query attention under a mask does not
+        q = q.reshape(B, nkv, nh // nkv * T, hd)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias).view(B, nh, T, hd)
         y = self.out(y.transpose(1, 2).reshape(B, T, nh * hd))
         x = x + (y if gate is None else y * gate)
         h, gate = self.post_attention_norm(x, cond)
@@ -330,6 +334,19 @@ class Pi0(nn.Module):
         yield self.vision.position
         for module in kept:
             yield from module.parameters()
+
+    def compile_layers(self, backend: str | Callable = "inductor") -> None:
+        """``torch.compile`` every transformer layer (SigLIP's, the prefix's, the expert's) in
+        place: fuses the float32 norms and their casts, RoPE, the GELU gates and the residual
+        adds around the matmuls, which at batch 1 are most of a tick's ~4,000 small kernels.
+
+        Batch, sequence and key lengths are dynamic, so each kind of call (a vision layer, a
+        prefix layer, the state token, an action step; batch 1 apart from larger batches) has
+        one graph whatever the bucket or camera count, and the layers of a stack share it. The
+        policy's warm-up meets them all before serving. ``backend``: ``torch.compile``'s."""
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        for layer in (*self.vision.layers, *self.prefix_layers, *self.expert_layers):
+            layer.compile(dynamic=True, backend=backend)
 
     def to_dtype(self, dtype: torch.dtype) -> Pi0:
         """The stacks in ``dtype``, :meth:`float32_parameters` in float32."""

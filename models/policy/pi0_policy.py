@@ -90,6 +90,7 @@ class Pi0Policy:
         device: str = "cpu",
         max_prompt_chars: int = presets.MAX_PROMPT_CHARS,
         cuda_graphs: bool = True,
+        compile: bool = False,
         name: str = "pi0-tiny",
     ) -> None:
         self.device = device
@@ -115,6 +116,8 @@ class Pi0Policy:
         self.model = build(config, device)
         if checkpoint is not None:
             load_weights(self.model, checkpoint)
+        if compile:
+            self.model.compile_layers()
         self.graphs: BatchGraphs | None = None  # captured at warmup (CUDA only)
         self._use_graphs = cuda_graphs and torch.device(device).type == "cuda"
         c = config
@@ -217,9 +220,10 @@ class Pi0Policy:
         with torch.no_grad():
             if guide is None and self.graphs is not None and len(batch) <= self.graphs.max_batch:
                 actions = self.graphs(*args)
-            else:
+            else:  # eager; RTC's vector-Jacobian product through uncompiled layers (no backward graphs)
                 model = self.model
-                actions = model.sample(model.prefix_cache(*model.embed_prefix(*args[:4]), args[4]), guide)
+                with torch.compiler.set_stance("force_eager" if guide is not None else "default"):
+                    actions = model.sample(model.prefix_cache(*model.embed_prefix(*args[:4]), args[4]), guide)
         out = []
         for chunk, output, snap in zip(
             actions.float().cpu().numpy(), collated.outputs, snapshots, strict=True

@@ -148,9 +148,10 @@ def ours(policy: str, threads: int, robot: Mapping[str, Any] | None = None) -> I
 
 @contextlib.contextmanager
 def peer(
-    policy: str, threads: int, device: str = "auto", files: Mapping[str, str] | None = None
+    policy: str, threads: int, device: str = "auto", files: Mapping[str, Any] | None = None
 ) -> Iterator[str]:
-    """openpi-server serving ``policy``; ``files``: its ``robot.checkpoint`` / ``robot.tokenizer``."""
+    """openpi-server serving ``policy``; ``files``: its ``robot.checkpoint`` / ``robot.tokenizer``
+    / ``robot.compile``."""
     port = _free_port()
     cmd = [sys.executable, "-m", "realtime.bench.robot", "--serve-peer", policy, "--port", str(port)]
     cmd += [
@@ -165,8 +166,9 @@ def peer(
         yield f"ws://127.0.0.1:{port}"
 
 
-def _files(robot: Mapping[str, Any]) -> dict[str, str]:
-    return {k: robot[k] for k in ("checkpoint", "tokenizer") if k in robot}
+def _files(robot: Mapping[str, Any]) -> dict[str, Any]:
+    """The robot settings both servers share: the checkpoint files and ``compile``."""
+    return {k: robot[k] for k in ("checkpoint", "tokenizer", "compile") if k in robot}
 
 
 def write_checkpoint(policy: str, folder: str, device: str) -> None:
@@ -187,7 +189,7 @@ def write_checkpoint(policy: str, folder: str, device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def serve_peer(policy: str, port: int, threads: int, device: str, files: Mapping[str, str]) -> int:
+def serve_peer(policy: str, port: int, threads: int, device: str, files: Mapping[str, Any]) -> int:
     """Child process: openpi-server 0.1.0 serving our policy object."""
     import torch
     from openpi_server import WebsocketPolicyServer
@@ -451,7 +453,20 @@ def main(argv: list[str]) -> int:
         help="first write a random real-size checkpoint in openpi's layout into --checkpoint",
     )
     parser.add_argument(
-        "--parts", default="a,a',b,c", help="sections to run (comma list of a, a', b, c; default all)"
+        "--parts",
+        default="a,a',b,c",
+        help="sections to run (comma list of a, a', b, c, f; default a,a',b,c; f: the forward alone, CUDA)",
+    )
+    parser.add_argument("--forward-batches", default="1,8,32", help="(f): batch sizes")
+    parser.add_argument(
+        "--peak-tflops", type=float, default=989.0, help="(f): dense bf16 peak (H100/H200: 989)"
+    )
+    parser.add_argument("--profile", action="store_true", help="(f): kernel time by kind per batch size")
+    parser.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="robot.compile for both servers in (a'), (b), (c) (auto: on CUDA)",
     )
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument(
@@ -499,16 +514,25 @@ def main(argv: list[str]) -> int:
     )
     results: dict[str, Any] = {}
     parts = set(args.parts.split(","))
-    unknown = parts - {"a", "a'", "b", "c"}
+    unknown = parts - {"a", "a'", "b", "c", "f"}
     if unknown:
         parser.error(f"--parts: unknown sections {sorted(unknown)}")
     counts = [int(n) for n in args.clients.split(",")]
     files = {k: v for k, v in (("checkpoint", args.checkpoint), ("tokenizer", args.tokenizer)) if v}
+    compile_setting = {"auto": "auto", "on": True, "off": False}[args.compile]
+    files = {**files, "compile": compile_setting}
     robot: dict[str, Any] = {"device": args.device, **files}
     if args.coalesce_window_s is not None:
         robot["coalesce_window_s"] = args.coalesce_window_s
     if args.max_batch is not None:
         robot["max_batch"] = args.max_batch
+    if "f" in parts:
+        from realtime.bench.robot_forward import forward_section
+        from realtime.config import RobotConfig
+
+        served = RobotConfig(policy=args.policy, device="cuda", **files)
+        batches = [int(n) for n in args.forward_batches.split(",")]
+        results.update(forward_section(served, batches, args.peak_tflops, profile_kernels=args.profile))
     if "a" in parts:
         results.update(trivial_overhead(args.requests, args.rounds, threads))
     if "a'" in parts:

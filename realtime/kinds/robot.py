@@ -115,6 +115,7 @@ def build_policy(config: RobotConfig) -> Policy:
         preset=preset,
         device=device,
         cuda_graphs=config.cuda_graphs,
+        compile=config.compile is True or (config.compile == "auto" and device.startswith("cuda")),
         name=config.policy,
         **limits,
     )
