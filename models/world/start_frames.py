@@ -30,12 +30,16 @@ class StartFrames:
     latents: Tensor  # [K, C, h, w]
     tokens: Tensor  # [K, text_len]: the prompt each latent was rendered under, tokenised
 
-    def choose(self, prompt_tokens: Tensor, seed: int) -> Tensor:
-        """The start latent for a session: among those whose prompt word is in ``prompt_tokens``
-        (all of them when none is), the ``seed``-th (modulo their number)."""
+    def index(self, prompt_tokens: Tensor, seed: int) -> int:
+        """The row of the start latent for a session: among those whose prompt word is in
+        ``prompt_tokens`` (all of them when none is), the ``seed``-th (modulo their number)."""
         match = torch.isin(self.tokens[:, 0], prompt_tokens[prompt_tokens > 0]).nonzero().flatten().tolist()
         rows = match or list(range(self.latents.shape[0]))
-        return self.latents[rows[seed % len(rows)]]
+        return rows[seed % len(rows)]
+
+    def choose(self, prompt_tokens: Tensor, seed: int) -> Tensor:
+        """The start latent for a session (:meth:`index`)."""
+        return self.latents[self.index(prompt_tokens, seed)]
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> StartFrames:
         return StartFrames(self.latents.to(device=device, dtype=dtype), self.tokens)

@@ -13,8 +13,10 @@ which slides the picture to the right on screen.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -29,7 +31,7 @@ MOUSE_PITCH = 3.0 / 64  # horizon shift per frame at |dy| = 1, as a fraction of 
 FOV = math.radians(66.0)
 
 # per theme: 3 wall colours, 2 floor colours, sky top, sky horizon, skyline colour
-_PALETTES = {
+PALETTES = {
     "stone": [(0.55, 0.52, 0.5), (0.45, 0.35, 0.3), (0.62, 0.6, 0.45), (0.3, 0.3, 0.32), (0.5, 0.5, 0.52),
               (0.25, 0.4, 0.75), (0.7, 0.8, 0.95), (0.35, 0.38, 0.45)],
     "forest": [(0.2, 0.5, 0.2), (0.4, 0.3, 0.15), (0.3, 0.6, 0.35), (0.15, 0.3, 0.1), (0.3, 0.45, 0.2),
@@ -91,7 +93,7 @@ class MazeEnv:
             themes if themes is not None else torch.randint(len(THEMES), (batch,), generator=g).tolist(),
             device=self.device,
         )
-        pal = torch.tensor([_PALETTES[t] for t in THEMES], dtype=torch.float32)
+        pal = torch.tensor([PALETTES[t] for t in THEMES], dtype=torch.float32)
         self.palette = pal.to(self.device)[self.theme]  # [B, 8, 3]
         self.wall_hash = torch.randint(3, (batch, grid, grid), generator=g).to(self.device)
         start = []
@@ -106,6 +108,14 @@ class MazeEnv:
     @property
     def batch(self) -> int:
         return self.maps.shape[0]
+
+    def select(self, rows: list[int]) -> MazeEnv:
+        """A new environment of mazes ``rows`` of this one, in their current state."""
+        sub = copy.copy(self)
+        index = torch.tensor(rows, device=self.device)
+        for name in ("maps", "theme", "palette", "wall_hash", "pos", "yaw", "pitch"):
+            setattr(sub, name, getattr(self, name)[index].clone())
+        return sub
 
     def _wall(self, x: Tensor, y: Tensor) -> Tensor:
         b = torch.arange(self.batch, device=self.device).view(-1, *([1] * (x.dim() - 1))).expand_as(x)
@@ -210,15 +220,27 @@ class MazeEnv:
         return ~inside | (self.maps[b, map_y.clamp(0, self.grid - 1), map_x.clamp(0, self.grid - 1)] > 0)
 
 
+def latent_frames(
+    env: MazeEnv, latent_actions: Tensor, temporal_factor: int = 4, last_only: bool = False
+) -> Iterator[Tensor]:
+    """The frames of each of ``n`` latent frames in turn, ``[B, frames, 3, H, W]``: latent 0 is
+    frame 0 (before any action), latent ``i >= 1`` the ``temporal_factor`` frames rendered after
+    each step under action ``latent_actions[:, i]`` (so pixel frame ``t`` has latent ``ceil(t / 4)``'s).
+    ``last_only``: render only each latent's last frame (a quarter of the rendering cost)."""
+    yield env.render()[:, None]
+    for i in range(1, latent_actions.shape[1]):
+        frames = []
+        for k in range(temporal_factor):
+            env.step(latent_actions[:, i])
+            if not last_only or k + 1 == temporal_factor:
+                frames.append(env.render())
+        yield torch.stack(frames, 1)
+
+
 def rollout(env: MazeEnv, latent_actions: Tensor, temporal_factor: int = 4) -> Tensor:
-    """Render ``1 + 4(n-1)`` frames for ``n`` latent frames; pixel frame ``t >= 1`` uses the
-    action of latent ``ceil(t / 4)``. Returns ``[B, frames, 3, H, W]``."""
-    n = latent_actions.shape[1]
-    frames = [env.render()]
-    for t in range(1, 1 + temporal_factor * (n - 1)):
-        env.step(latent_actions[:, (t + temporal_factor - 1) // temporal_factor])
-        frames.append(env.render())
-    return torch.stack(frames, 1)
+    """Render ``1 + 4(n-1)`` frames for ``n`` latent frames (:func:`latent_frames`).
+    Returns ``[B, frames, 3, H, W]``."""
+    return torch.cat(list(latent_frames(env, latent_actions, temporal_factor)), 1)
 
 
 def horizontal_shift(frames: Tensor) -> Tensor:

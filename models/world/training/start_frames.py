@@ -22,6 +22,18 @@ from models.world.prompts import tokenize
 from models.world.start_frames import StartFrames
 from models.world.training.env import THEMES, MazeEnv
 
+# the maze seed start frames are rendered from: row i of a model's start frames is frame 0 of
+# ``MazeEnv(K, seed=START_SEED, themes=...)``'s i-th maze (``models.world.training.drift`` replays them)
+START_SEED = 1234
+
+
+def start_mazes(
+    size: int, per_theme: int, seed: int = START_SEED, device: str | torch.device = "cpu"
+) -> MazeEnv:
+    """The mazes start frames are rendered from, ``per_theme`` per theme in theme order."""
+    themes = [t for t in range(len(THEMES)) for _ in range(per_theme)]
+    return MazeEnv(len(themes), size=size, seed=seed, themes=themes, device=device)
+
 
 @torch.no_grad()
 def render_start_frames(
@@ -29,13 +41,13 @@ def render_start_frames(
     encode: Callable[[Tensor], Tensor],
     tokenize: Callable[[str], Tensor],
     per_theme: int = 16,
-    seed: int = 1234,
+    seed: int = START_SEED,
     device: str | torch.device = "cpu",
 ) -> StartFrames:
     """``per_theme`` start latents per theme: frame 0 of fresh mazes (random spot and heading),
     through ``encode`` (frames ``[B, 1, 3, H, W]`` -> normalised latents ``[B, 1, C, h, w]``)."""
-    themes = [t for t in range(len(THEMES)) for _ in range(per_theme)]
-    env = MazeEnv(len(themes), size=cfg.frame_height, seed=seed, themes=themes, device=device)
+    env = start_mazes(cfg.frame_height, per_theme, seed, device)
+    themes = env.theme.tolist()
     latents = encode(env.render()[:, None])[:, 0].float().cpu()
     tokens = torch.stack([tokenize(THEMES[t]) for t in themes])
     return StartFrames(latents, tokens)
@@ -61,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         "--autoencoder", type=Path, required=True, help="the --save-autoencoder file it was trained on"
     )
     p.add_argument("--per-theme", type=int, default=16)
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=int, default=START_SEED)
     args = p.parse_args(argv)
     cfg = read_config(args.weights)
     enc, dec = load_autoencoder(args.autoencoder, cfg, "cpu")

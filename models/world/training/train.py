@@ -153,13 +153,13 @@ def _batch(data, bs: int, device: str, g: torch.Generator):
     return frames[idx].to(device).float() / 255.0, acts[idx].to(device), themes[idx].to(device)
 
 
-def _decay_lr(opt: torch.optim.Optimizer, lr: float, step: int, progress: float) -> None:
+def decay_lr(opt: torch.optim.Optimizer, lr: float, step: int, progress: float) -> None:
     """Warm-up over 200 steps, then linear decay to 10% at ``progress`` 1 (of steps or minutes)."""
     for group in opt.param_groups:
         group["lr"] = lr * min(1.0, (step + 1) / 200) * (1 - 0.9 * min(progress, 1.0))
 
 
-def _optimize(opt: torch.optim.Optimizer, loss: Tensor, clip: list[Tensor] | None = None) -> None:
+def optimize(opt: torch.optim.Optimizer, loss: Tensor, clip: list[Tensor] | None = None) -> None:
     """One optimizer step on ``loss`` (gradient norm clipped to 1 over ``clip`` if given)."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -198,7 +198,7 @@ def train_autoencoder(cfg, data, args, g) -> tuple[GroupEncoder, CausalDecoder]:
     opt = torch.optim.AdamW([*enc.parameters(), *dec.parameters()], lr=args.ae_lr, weight_decay=0.0)
     t0, step = time.time(), 0
     while step < args.ae_steps and time.time() - t0 < args.ae_minutes * 60:
-        _decay_lr(
+        decay_lr(
             opt, args.ae_lr, step, max(step / args.ae_steps, (time.time() - t0) / (args.ae_minutes * 60))
         )
         frames, _, _ = _batch(data, args.ae_batch, args.device, g)
@@ -207,7 +207,7 @@ def train_autoencoder(cfg, data, args, g) -> tuple[GroupEncoder, CausalDecoder]:
             z = z + 0.05 * torch.randn_like(z)  # robustness to DiT sampling error
             recon, _ = dec(z, dec.init_state(frames.shape[0]))
         loss = reconstruction_loss(recon.float(), frames, args.edge_weight)
-        _optimize(opt, loss)
+        optimize(opt, loss)
         if step % 200 == 0:
             print(f"ae step {step} loss {loss.item():.5f} t={time.time() - t0:.0f}s", flush=True)
         step += 1
@@ -243,13 +243,10 @@ def train_dit(cfg, latents: Tensor, data, args, g) -> tuple[CausalDiT, WordEmbed
     dit, words = CausalDiT(cfg).to(args.device), WordEmbedding(cfg).to(args.device)
     params = [*dit.parameters(), *words.parameters()]
     opt = torch.optim.AdamW(params, lr=args.dit_lr, weight_decay=0.01)
-    n = latents.shape[1]
-    tf = _TeacherForced(cfg, dit, words, n, args.device)
-    schedule = torch.tensor(cfg.sigmas, device=args.device)
-    blocks = n // cfg.frames_per_block
+    tf = TeacherForced(cfg, dit, words, latents.shape[1], args.device)
     t0, step = time.time(), 0
     while step < args.dit_steps and time.time() - t0 < args.dit_minutes * 60:
-        _decay_lr(
+        decay_lr(
             opt, args.dit_lr, step, max(step / args.dit_steps, (time.time() - t0) / (args.dit_minutes * 60))
         )
         idx = torch.randint(latents.shape[0], (args.dit_batch,), generator=g).to(latents.device)
@@ -258,21 +255,9 @@ def train_dit(cfg, latents: Tensor, data, args, g) -> tuple[CausalDiT, WordEmbed
             data[1][idx].to(args.device),
             data[2][idx].to(args.device),
         )
-        b = z.shape[0]
-        pick = torch.randint(len(cfg.sigmas), (b, blocks), device=args.device)
-        sig_block = torch.where(
-            torch.rand(b, blocks, device=args.device) < 0.5,
-            schedule[pick],
-            torch.rand(b, blocks, device=args.device),
-        ).clamp(min=0.02)
-        sig = sig_block.repeat_interleave(cfg.frames_per_block, 1)
-        noisy = (1 - sig[..., None, None, None]) * z + sig[..., None, None, None] * torch.randn_like(z)
-        noise = args.context_noise * torch.rand(b, 1, 1, 1, 1, device=args.device)
-        clean = z + noise * torch.randn_like(z)
         with torch.autocast(args.device_type, dtype=torch.bfloat16, enabled=args.amp):
-            x0 = tf(clean, noisy, sig, acts, themes)
-        loss = F.mse_loss(x0.float(), z)
-        _optimize(opt, loss, clip=params)
+            loss = denoising_loss(tf, z, acts, themes, args.context_noise)
+        optimize(opt, loss, clip=params)
         if step % 500 == 0:
             print(f"dit step {step} loss {loss.item():.5f} t={time.time() - t0:.0f}s", flush=True)
         step += 1
@@ -280,7 +265,28 @@ def train_dit(cfg, latents: Tensor, data, args, g) -> tuple[CausalDiT, WordEmbed
     return dit, words
 
 
-class _TeacherForced:
+def denoising_loss(
+    tf: TeacherForced, z: Tensor, acts: Tensor, themes: Tensor, context_noise: float
+) -> Tensor:
+    """Stage 2's loss on clips ``z [B, n, C, h, w]``: the x0 error of the noisy copy, each block at
+    a noise level drawn from the sampler's schedule or uniformly (half each, at least 0.02), the
+    clean past ``z`` with noise of a std drawn from ``[0, context_noise)`` per clip."""
+    cfg, (b, n), device = tf.cfg, z.shape[:2], z.device
+    blocks = n // cfg.frames_per_block
+    pick = torch.randint(len(cfg.sigmas), (b, blocks), device=device)
+    sig_block = torch.where(
+        torch.rand(b, blocks, device=device) < 0.5,
+        torch.tensor(cfg.sigmas, device=device)[pick],
+        torch.rand(b, blocks, device=device),
+    ).clamp(min=0.02)
+    sig = sig_block.repeat_interleave(cfg.frames_per_block, 1)
+    noisy = (1 - sig[..., None, None, None]) * z + sig[..., None, None, None] * torch.randn_like(z)
+    noise = context_noise * torch.rand(b, 1, 1, 1, 1, device=device)
+    x0 = tf(z + noise * torch.randn_like(z), noisy, sig, acts, themes)
+    return F.mse_loss(x0.float(), z.float())
+
+
+class TeacherForced:
     """The DiT in the two-copy training layout for clips of ``n`` latents (mask, positions, prompts)."""
 
     def __init__(
@@ -319,13 +325,13 @@ class _TeacherForced:
 def train_decoder_on_samples(cfg, dit, words, dec, latents, data, args, g) -> CausalDecoder:
     """Stage 3 (module docstring): the decoder learns to draw sharp frames from sampled x0."""
     frozen = dit.eval().requires_grad_(False), words.eval().requires_grad_(False)
-    tf = _TeacherForced(cfg, *frozen, latents.shape[1], args.device)
+    tf = TeacherForced(cfg, *frozen, latents.shape[1], args.device)
     disc = PatchDiscriminator().to(args.device)
     opt = torch.optim.AdamW(dec.parameters(), lr=args.dec_lr, weight_decay=0.0)
     opt_d = torch.optim.AdamW(disc.parameters(), lr=args.dec_lr, betas=(0.5, 0.9))
     t0, step = time.time(), 0
     while step < args.dec_steps and time.time() - t0 < args.dec_minutes * 60:
-        _decay_lr(
+        decay_lr(
             opt, args.dec_lr, step, max(step / args.dec_steps, (time.time() - t0) / (args.dec_minutes * 60))
         )
         idx = torch.randint(latents.shape[0], (args.ae_batch,), generator=g).to(latents.device)
@@ -343,9 +349,9 @@ def train_decoder_on_samples(cfg, dit, words, dec, latents, data, args, g) -> Ca
         fake, real = recon.flatten(0, 1), frames.flatten(0, 1)
         if args.adv_weight > 0:
             loss = loss - args.adv_weight * disc(fake).mean()
-        _optimize(opt, loss)
+        optimize(opt, loss)
         if args.adv_weight > 0:  # hinge loss; the decoder step above left grads on disc: cleared here
-            _optimize(opt_d, F.relu(1 - disc(real)).mean() + F.relu(1 + disc(fake.detach())).mean())
+            optimize(opt_d, F.relu(1 - disc(real)).mean() + F.relu(1 + disc(fake.detach())).mean())
         if step % 200 == 0:
             print(f"dec step {step} loss {loss.item():.5f} t={time.time() - t0:.0f}s", flush=True)
         step += 1
@@ -363,7 +369,7 @@ def heldout_report(cfg, enc, dit, words, dec, args) -> dict[str, float]:
     z = encode_dataset(cfg, enc, dec, data, args.device)
     outputs = {"recon": dec(z, dec.init_state(z.shape[0]))[0]}
     if dit is not None:
-        tf = _TeacherForced(cfg, dit, words, z.shape[1], args.device)
+        tf = TeacherForced(cfg, dit, words, z.shape[1], args.device)
         outputs["sampled"] = dec(tf.sample(z, data[1], data[2]), dec.init_state(z.shape[0]))[0]
     size = cfg.frame_width
     report = {f"truth_{k}": v for k, v in frame_stats(frames.flatten(0, 1).cpu(), size).items()}
