@@ -237,9 +237,11 @@ class WorldConfig:
     cuda_graphs: bool | Literal["auto"] = "auto"
     # where a chunk's time goes, stage by stage (world_stage_seconds; models/world/profiling.py)
     stage_timing: bool = True
-    # model self-forcing / causvid (docs/models.md, "World"): the DiT checkpoint, Wan 2.1's VAE, and
-    # the prompts' umT5 embeddings: Wan's text encoder, or a file of precomputed ones
+    # model self-forcing / causvid (docs/models.md, "World"): the DiT checkpoint, the decoder's file
+    # (Wan 2.1's VAE, or TAEHV's taew2_1.pth with decoder taehv), and the prompts' umT5 embeddings:
+    # Wan's text encoder, or a file of precomputed ones
     checkpoint: str = ""
+    decoder: Literal["wan2.1", "taehv"] = "wan2.1"
     vae: str = ""
     text_encoder: str = ""
     prompt_embeddings: str = ""
@@ -262,13 +264,18 @@ class WorldConfig:
                         f"{path}.{name}",
                         f"applies to world.model {' or '.join(WORLD_CHECKPOINT_MODELS)} (model is {self.model!r})",
                     )
+            if self.decoder != "wan2.1":
+                raise _FieldError(
+                    f"{path}.decoder",
+                    f"applies to world.model {' or '.join(WORLD_CHECKPOINT_MODELS)} (model is {self.model!r})",
+                )
             return
-        from models.world.configs import CHECKPOINT_MODELS  # torch: only for a checkpoint model
+        from models.world.configs import CHECKPOINT_MODELS, with_decoder  # torch: only for a checkpoint model
 
-        cfg = CHECKPOINT_MODELS[self.model]
+        cfg = with_decoder(CHECKPOINT_MODELS[self.model], self.decoder)
         if self.weights:
             raise _FieldError(f"{path}.weights", f"model {self.model!r} loads world.checkpoint, not weights")
-        needed = ("checkpoint", "vae") if cfg.vae == "wan2.1" else ("checkpoint",)
+        needed = ("checkpoint", "vae") if cfg.vae in ("wan2.1", "taehv") else ("checkpoint",)
         for name in needed:
             if not files[name]:
                 raise _FieldError(f"{path}.{name}", f"model {self.model!r} needs a path (docs/models.md)")

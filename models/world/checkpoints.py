@@ -16,7 +16,7 @@ the wrapper's ``model.`` and training-wrapper segments (``_fsdp_wrapped_module.`
 ``_checkpoint_wrapped_module.``, ``_orig_mod.``). Every DiT tensor must be present with its shape and
 nothing else may be (a checkpoint of another architecture fails on the first odd key), each problem
 a :class:`~models.world.configs.CheckpointError` of one line naming the file. :func:`inspect_files`
-runs those checks (and the VAE's and text encoder's) on headers alone (memory-mapped: no weights
+runs those checks (and the decoder's and text encoder's) on headers alone (memory-mapped: no weights
 read, no GPU memory), so the config load refuses a bad file before anything is allocated.
 """
 
@@ -120,15 +120,15 @@ def inspect_files(
 ) -> None:
     """Check every file a checkpoint model loads, from headers and memory-mapped tensors only (no
     weights read, no device memory): the DiT checkpoint against ``cfg`` (:func:`dit_state_dict`),
-    Wan's VAE decoder tensors, the text encoder's layout and tokenizer, or the embeddings file's
-    prompts. Raises the first :class:`CheckpointError`, its ``field`` set to the config field
+    the decoder's tensors (Wan's VAE, or TAEHV's where ``cfg.vae`` is ``taehv``), the text encoder's
+    layout and tokenizer, or the embeddings file's prompts. Raises the first :class:`CheckpointError`, its ``field`` set to the config field
     (``checkpoint``, ``vae``, ``text_encoder``, ``prompt_embeddings``)."""
+    from models.world.decoders import load_decoder
     from models.world.text_encoder import PrecomputedEmbeddings, resolve_text_encoder
-    from models.world.wan_vae import load_wan_vae_decoder
 
     checks = {
         "checkpoint": lambda p: dit_state_dict(p, cfg),
-        "vae": lambda p: load_wan_vae_decoder(p, cfg.latent_height, cfg.latent_width, device="meta"),
+        "vae": lambda p: load_decoder(cfg, p, device="meta"),
         "text_encoder": lambda p: _tokenizer_present(*resolve_text_encoder(p)),
         "prompt_embeddings": lambda p: PrecomputedEmbeddings.load(p, dim=cfg.text_dim, text_len=cfg.text_len),
     }

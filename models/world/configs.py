@@ -83,8 +83,9 @@ class WorldModelConfig:
     sigmas: tuple[float, ...] = (1.0, 0.5)
     # the DiT's timestep (0..1000) at each level; () = 1000 * sigma (flow_schedule: the peers')
     timesteps: tuple[float, ...] = ()
-    # decoder: "causal", the small causal decoder below; "wan2.1", Wan 2.1's VAE decoder (x8, wan_vae.py)
-    vae: Literal["causal", "wan2.1"] = "causal"
+    # decoder (decoders.py): "causal", the small causal decoder below; "wan2.1", Wan 2.1's VAE decoder
+    # (x8, wan_vae.py); "taehv", TAEHV's tiny decoder of the same Wan 2.1 latents (x8, taehv.py)
+    vae: Literal["causal", "wan2.1", "taehv"] = "causal"
     # causal decoder: latent -> RGB, spatial x(2**len(decoder_channels)), temporal x4 (the tiny
     # default: 8x8 latents, 16 DiT tokens per frame -> 128x128 frames; the widths of the last,
     # full-resolution levels are what draws brick mortar and floor checks)
@@ -121,7 +122,7 @@ class WorldModelConfig:
     @property
     def spatial_factor(self) -> int:
         """Pixels per latent cell along each axis (the decoder's spatial upsampling)."""
-        return 8 if self.vae == "wan2.1" else 2 ** len(self.decoder_channels)
+        return 8 if self.vae in ("wan2.1", "taehv") else 2 ** len(self.decoder_channels)
 
     @property
     def frame_height(self) -> int:
@@ -235,6 +236,16 @@ CAUSVID = dataclasses.replace(
     **flow_schedule((1000, 757, 522), shift=8.0, warp=False),  # type: ignore[arg-type]
 )
 CHECKPOINT_MODELS = {c.name: c for c in (SELF_FORCING, CAUSVID)}  # world.model with world.checkpoint
+DECODERS = ("wan2.1", "taehv")  # world.decoder of a checkpoint model
+
+
+def with_decoder(cfg: WorldModelConfig, decoder: str) -> WorldModelConfig:
+    """``cfg`` served with ``world.decoder``: ``taehv`` puts TAEHV's decoder (``taew2_1.pth``) in
+    place of the model's Wan 2.1 VAE decoder; ``wan2.1`` leaves ``cfg`` as it is."""
+    if decoder not in DECODERS:
+        raise ValueError(f"unknown world decoder {decoder!r} (known: {', '.join(DECODERS)})")
+    return dataclasses.replace(cfg, vae="taehv") if decoder == "taehv" else cfg
+
 
 # The same DiT with random weights, hashed-word prompts and the small decoder: GPU timing without
 # any checkpoint (the figures of docs/benchmarks.md before the checkpoints).

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from models.world import vae, wan_vae
+from models.world import taehv, vae, wan_vae
 from models.world.configs import WorldModelConfig
+from models.world.decoders import build_decoder
 from models.world.dit import CausalDiT
 from models.world.kv_cache import KVGeometry
 from models.world.prompts import WordEmbedding
@@ -30,21 +31,18 @@ def weight_bytes(cfg: WorldModelConfig, dtype: torch.dtype) -> int:
     """Parameters and buffers of the DiT, the decoder and the word-prompt table (where the config
     has one) in ``dtype``, built on the meta device. (A umT5 text encoder is counted by its owner.)"""
     with torch.device("meta"):
-        parts = [CausalDiT(cfg), _decoder(cfg), *([WordEmbedding(cfg)] if cfg.text_vocab else [])]
+        parts = [CausalDiT(cfg), build_decoder(cfg), *([WordEmbedding(cfg)] if cfg.text_vocab else [])]
     elem = torch.empty((), dtype=dtype).element_size()
     return sum(t.numel() * elem for m in parts for t in (*m.parameters(), *m.buffers()))
 
 
-def _decoder(cfg: WorldModelConfig) -> torch.nn.Module:
-    if cfg.vae == "wan2.1":
-        return wan_vae.WanVAEDecoder(wan_vae.WAN_VAE, cfg.latent_height, cfg.latent_width)
-    return vae.CausalDecoder(cfg)
-
-
 def decoder_state_bytes(cfg: WorldModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of one session's decoder temporal cache (the small causal decoder's, or Wan's VAE's)."""
+    """Bytes of one session's decoder temporal cache (the small causal decoder's, Wan's VAE's or
+    TAEHV's)."""
     if cfg.vae == "wan2.1":
         return wan_vae.decoder_state_bytes(wan_vae.WAN_VAE, cfg.latent_height, cfg.latent_width, dtype)
+    if cfg.vae == "taehv":
+        return taehv.decoder_state_bytes(taehv.TAEHV, cfg.latent_height, cfg.latent_width, dtype)
     return vae.decoder_state_bytes(cfg, dtype)
 
 
@@ -68,7 +66,12 @@ def decoder_activation_bytes(cfg: WorldModelConfig, dtype: torch.dtype, max_batc
     input plus three tensors at its width (the convolution's output and its activation, or a
     residual block's input and two intermediates), for every frame the level holds."""
     elem = torch.empty((), dtype=dtype).element_size()
-    levels = _wan_levels(cfg) if cfg.vae == "wan2.1" else _causal_levels(cfg)
+    if cfg.vae == "taehv":
+        levels = taehv.activation_levels(
+            taehv.TAEHV, cfg.frames_per_block, cfg.latent_height * cfg.latent_width
+        )
+    else:
+        levels = _wan_levels(cfg) if cfg.vae == "wan2.1" else _causal_levels(cfg)
     return (
         max_batch * max(frames * pixels * (c_in + 3 * c_out) for frames, pixels, c_in, c_out in levels) * elem
     )

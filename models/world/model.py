@@ -35,6 +35,7 @@ from models.transfer import to_device
 from models.world.attention import resolve_kernel
 from models.world.checkpoints import dit_state_dict
 from models.world.configs import WorldModelConfig, load_model_weights, read_config
+from models.world.decoders import Decoder, build_decoder, load_decoder
 from models.world.dit import CausalDiT
 from models.world.graphs import DiTGraphs
 from models.world.kv_cache import KVGeometry, KVPool
@@ -43,10 +44,7 @@ from models.world.profiling import OFF, Profiler
 from models.world.prompts import PromptContext, WordEmbedding, tokenize
 from models.world.sampler import BlockRequest, FlowSampler
 from models.world.start_frames import StartFrames, load_start_frames
-from models.world.vae import CausalDecoder, DecoderState, split_state, stack_states
-from models.world.wan_vae import WAN_VAE, WanVAEDecoder, load_wan_vae_decoder
-
-Decoder = CausalDecoder | WanVAEDecoder  # latents + a session's DecoderState -> frames in [0, 1]
+from models.world.vae import DecoderState, split_state, stack_states
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,8 @@ class WorldModel:
 
         - ``weights``: a model file of our layout (``dit.*``, ``decoder.*``, ``text.*``, start frames);
         - ``checkpoint``: a Self-Forcing / CausVid DiT checkpoint (``models.world.checkpoints``);
-        - ``vae``: Wan 2.1's ``Wan2.1_VAE.pth`` (``cfg.vae`` ``wan2.1``; without it, random);
+        - ``vae``: the decoder's file (``models.world.decoders``): Wan 2.1's ``Wan2.1_VAE.pth``
+          (``cfg.vae`` ``wan2.1``), TAEHV's ``taew2_1.pth`` (``taehv``); without it, random;
         - ``prompts``: the text context of prompts (umT5 embeddings), required where ``cfg`` has no
           word vocabulary of its own (``models.world.prompts``).
 
@@ -112,11 +111,7 @@ class WorldModel:
         with torch.device(device):  # init where the model runs: no host copy of a 2 B-param DiT
             dit = CausalDiT(cfg)
             words = WordEmbedding(cfg) if prompts is None else None
-            decoder: Decoder = (
-                WanVAEDecoder(WAN_VAE, cfg.latent_height, cfg.latent_width)
-                if cfg.vae == "wan2.1"
-                else CausalDecoder(cfg)
-            )
+            decoder = build_decoder(cfg)
         if weights is not None:
             load_model_weights(dit, weights, "dit.")
             load_model_weights(decoder, weights, "decoder.")
@@ -125,9 +120,7 @@ class WorldModel:
         if checkpoint is not None:
             dit.load_state_dict(dit_state_dict(checkpoint, cfg))
         if vae is not None:
-            decoder = load_wan_vae_decoder(
-                vae, cfg.latent_height, cfg.latent_width, device=device, dtype=dtype
-            )
+            decoder = load_decoder(cfg, vae, device=device, dtype=dtype)
         dit = dit.to(device=device, dtype=dtype).eval().requires_grad_(False)
         dit.attention = resolve_kernel(attention, device, dtype)
         decoder = decoder.to(device=device, dtype=dtype).eval().requires_grad_(False)

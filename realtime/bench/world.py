@@ -43,8 +43,9 @@ wan2.1-1.3b-causal`` for GPU figures, which belong to the GPU-performance issue)
 
 ``--model self-forcing`` / ``causvid`` with ``--checkpoint PATH`` (and ``--vae``, ``--text-encoder``
 or ``--prompt-embeddings``: the served ``world.*`` files, docs/models.md) runs every section on the
-checkpoint; ``--write-random-checkpoint DIR`` writes random files of the real size in the real
-layouts first (``realtime.bench.world_checkpoint``).
+checkpoint, with Wan's VAE decoder or, ``--decoder taehv`` and ``--vae taew2_1.pth``, TAEHV's;
+``--write-random-checkpoint DIR`` writes random files of the real size in the real layouts first
+(``realtime.bench.world_checkpoint``).
 
 Last line: JSON with ``tick_ratio_100_vs_5``, ``recompute_ratio_100``, ``batched_vs_sliced_4``,
 ``pipeline_overlap_ratio``, ``continuous_play_ratio``, ``key_to_frame_ms_p50``,
@@ -104,7 +105,7 @@ def _files(args) -> dict[str, str]:
 def _build(args, slots: int) -> WorldModel:
     """The served model: the committed weights (with their own config) where they exist, or the
     checkpoint files of ``--checkpoint``."""
-    cfg, weights = resolve_model(args.model, None)
+    cfg, weights = resolve_model(args.model, None, args.decoder)
     files = _files(args)
     dtype = getattr(torch, args.dtype)
     prompts = prompt_context(WorldConfig(device=args.device, **files), cfg, dtype) if files else None
@@ -301,6 +302,7 @@ def world_server(args, **world: object) -> Iterator[str]:
             "torch_threads": args.threads,
             "attention": args.attention,
             **_files(args),
+            **({"decoder": args.decoder} if args.decoder != "wan2.1" else {}),
             **({} if args.pacing_margin_s is None else {"pacing_margin_s": args.pacing_margin_s}),
             **world,
         },
@@ -529,7 +531,7 @@ COMPILE = {"auto": "auto", "on": True, "off": False}
 def e2e_section(args) -> dict[str, object]:
     """Section 6: end to end through ``realtime serve`` (see the module docstring)."""
     flops, video_frames_per_block = _dit_flops_per_block(args)
-    steady = KVGeometry.of(resolve_model(args.model, None)[0], torch.float32).steady_block
+    steady = KVGeometry.of(resolve_model(args.model, None, args.decoder)[0], torch.float32).steady_block
     modes = [("batched", max(args.e2e_sessions))] + ([] if args.e2e_batched_only else [("sliced", 1)])
     figures: dict[str, dict[str, float]] = {mode: {} for mode, _ in modes}
     stage_ms: dict[str, dict[str, world_stages.Breakdown]] = {mode: {} for mode, _ in modes}
@@ -654,23 +656,31 @@ def main(argv: list[str]) -> int:
     p.add_argument("--peak-tflops", type=float, default=989.0, help="section 6: dense bf16 peak (H200: 989)")
     for flag, what in (
         ("--checkpoint", "the DiT checkpoint (--model self-forcing | causvid)"),
-        ("--vae", "Wan 2.1's Wan2.1_VAE.pth"),
+        ("--vae", "Wan 2.1's Wan2.1_VAE.pth, or TAEHV's taew2_1.pth with --decoder taehv"),
         ("--text-encoder", "Wan's umT5 encoder (.pth, Wan's folder or an HF folder)"),
         ("--prompt-embeddings", "precomputed prompt embeddings (holding the bench's prompt, 'stone')"),
     ):
         p.add_argument(flag, default="", help=f"world.{flag[2:].replace('-', '_')}: {what}, every section")
     p.add_argument(
+        "--decoder",
+        choices=("wan2.1", "taehv"),
+        default="wan2.1",
+        help="world.decoder of --model self-forcing | causvid: Wan's VAE or TAEHV's (--vae names its file)",
+    )
+    p.add_argument(
         "--write-random-checkpoint",
         type=Path,
         metavar="DIR",
-        help="write random real-size --model files (DiT checkpoint, VAE, prompt embeddings) into DIR and exit",
+        help="write random real-size --model files (DiT checkpoint, Wan VAE, TAEHV, prompt embeddings) into DIR and exit",
     )
     args = p.parse_args(argv)
     if args.write_random_checkpoint:
         from realtime.bench.world_checkpoint import write_random_checkpoint
 
         paths = write_random_checkpoint(args.write_random_checkpoint, args.model)
+        taehv = paths.pop("taehv")
         print(" ".join(f"--{k.replace('_', '-')} {v}" for k, v in paths.items()))
+        print(f"TAEHV's decoder instead of Wan's: --decoder taehv --vae {taehv}")
         return 0
     if args.key_to_frame_only:
         return _print_key_to_frame(args, {})
@@ -685,6 +695,7 @@ def main(argv: list[str]) -> int:
                     "compile": args.compile,
                     "cuda_graphs": args.cuda_graphs,
                     "attention": args.attention,
+                    "decoder": args.decoder,
                 }
             )
         )

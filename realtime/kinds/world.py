@@ -39,7 +39,7 @@ from prometheus_client import Counter, Histogram
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config
+from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_config, with_decoder
 from models.world.controls import CONTROL_SCHEMAS, validate_control
 from models.world.kv_cache import KVGeometry
 from models.world.memory import decoder_state_bytes, fixed_bytes
@@ -83,15 +83,20 @@ class WorldTickPayload:
     extra: MediaSettings
 
 
-def resolve_model(name: str, weights: str | None) -> tuple[WorldModelConfig, Path | None]:
-    """(config, weights path or None) for ``world.model`` / ``world.weights``: a weights file's
-    own config (its safetensors metadata) wins over the named config of the code."""
+def resolve_model(
+    name: str, weights: str | None, decoder: str = "wan2.1"
+) -> tuple[WorldModelConfig, Path | None]:
+    """(config, weights path or None) for ``world.model`` / ``world.weights`` / ``world.decoder``: a
+    weights file's own config (its safetensors metadata) wins over the named config of the code;
+    ``decoder`` ``taehv`` serves a checkpoint model with TAEHV's decoder (``configs.with_decoder``)."""
     if weights:
         return read_config(Path(weights)), Path(weights)
     if name not in CONFIGS:
         raise ValueError(f"unknown world model {name!r} (known: {', '.join(CONFIGS)})")
     trained = WEIGHTS_DIR / f"{name}.safetensors"
-    return (read_config(trained), trained) if trained.is_file() else (CONFIGS[name], None)
+    return (
+        (read_config(trained), trained) if trained.is_file() else (with_decoder(CONFIGS[name], decoder), None)
+    )
 
 
 def prompt_context(wc: WorldConfig, cfg: WorldModelConfig, dtype: torch.dtype) -> PromptEmbedder:
@@ -184,7 +189,7 @@ class WorldService(KindServiceBase):
         if wc.torch_threads:
             torch.set_num_threads(wc.torch_threads)
         progress("plan capacity", 0, 3)
-        cfg, weights = resolve_model(wc.model, wc.weights)
+        cfg, weights = resolve_model(wc.model, wc.weights, wc.decoder)
         # a checkpoint model's umT5 source first: what it holds on the device is not free for the plan
         prompts = prompt_context(wc, cfg, _DTYPES[wc.dtype]) if wc.checkpoint else None
         self.plan = capacity_plan(

@@ -5,7 +5,8 @@
 # minutes on an H200. `--attention auto` takes FlashAttention-4 where it imports (the recorded
 # figures had it: FA4_PATH names its unpacked wheels, docs/benchmarks-log.md "FlashAttention-4"),
 # else SDPA. `bash realtime/bench/gpu/world.sh graphs-off` adds the same run with CUDA graphs off;
-# `... world.sh self-forcing` adds the Self-Forcing checkpoint path on random weights of the real size.
+# `... world.sh self-forcing` adds the Self-Forcing checkpoint path on random weights of the real size,
+# with Wan's VAE decoder and again with TAEHV's (taew2_1.pth, world.decoder: taehv).
 source "$(dirname "$0")/env.sh"
 require_cuda
 python3 -m pytest -q -m gpu -p no:cacheprovider tests/world/test_graphs.py tests/world/test_attention.py \
@@ -19,8 +20,12 @@ if [ "$1" = self-forcing ]; then
     # Self-Forcing's layout, Wan's VAE and precomputed prompt embeddings, written first (~3 GB)
     CKPT="${CKPT:-/tmp/self-forcing-random}"
     bench world --model self-forcing --write-random-checkpoint "$CKPT"
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/world/test_wan_vae.py 2>&1 | tee "$OUT/world_sf_gpu_tests.txt"
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/world/test_wan_vae.py tests/world/test_taehv.py 2>&1 | tee "$OUT/world_sf_gpu_tests.txt"
     bench world --e2e --model self-forcing --checkpoint "$CKPT/self_forcing_dmd.pt" --vae "$CKPT/Wan2.1_VAE.pth" \
         --prompt-embeddings "$CKPT/prompts.safetensors" --device cuda --dtype bfloat16 --e2e-seconds 10 \
         --e2e-warmup-s 3 --e2e-sessions 1 4 --e2e-batched-only --cuda-graphs on 2>&1 | tee "$OUT/world_sf_e2e.txt"
+    bench world --e2e --model self-forcing --checkpoint "$CKPT/self_forcing_dmd.pt" --decoder taehv \
+        --vae "$CKPT/taew2_1.pth" --prompt-embeddings "$CKPT/prompts.safetensors" --device cuda --dtype bfloat16 \
+        --e2e-seconds 10 --e2e-warmup-s 3 --e2e-sessions 1 4 --e2e-batched-only --cuda-graphs on 2>&1 \
+        | tee "$OUT/world_sf_taehv_e2e.txt"
 fi
