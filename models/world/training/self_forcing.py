@@ -98,19 +98,18 @@ def self_rollout(tf: TeacherForced, start: Tensor, acts: Tensor, themes: Tensor)
     cfg, n = tf.cfg, tf.n
     fpb, sigmas = cfg.frames_per_block, cfg.sigmas
     b = start.shape[0]
-    shape = (b, n, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
-    clean = torch.zeros(shape, device=start.device)
+    clean = torch.zeros(b, n, *start.shape[1:], device=start.device)
     clean[:, 0] = start
     last_input = torch.zeros_like(clean)
     for block in range(n // fpb):
-        frames = slice(block * fpb, (block + 1) * fpb)
+        end = (block + 1) * fpb
+        frames = slice(block * fpb, end)
         x = torch.randn_like(clean[:, frames])
         for i, s in enumerate(sigmas):
-            noisy = last_input.clone()
+            noisy = last_input[:, :end].clone()
             noisy[:, frames] = x
-            x0 = tf(clean, noisy, torch.full(shape[:2], s, device=start.device), acts, themes)[
-                :, frames
-            ].float()
+            sig = torch.full((b, end), s, device=start.device)
+            x0 = tf.prefix(end)(clean[:, :end], noisy, sig, acts[:, :end], themes)[:, frames].float()
             if block == 0:
                 x0[:, 0] = start
             if i + 1 < len(sigmas):

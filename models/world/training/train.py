@@ -296,6 +296,14 @@ class TeacherForced:
         self.mask = train_mask(cfg, n, device)
         self.pos = torch.arange(n, device=device).repeat(2)[None]
         self.tokens = torch.stack([tokenize(t, cfg) for t in THEMES]).to(device)
+        self._prefixes: dict[int, TeacherForced] = {n: self}
+
+    def prefix(self, n: int) -> TeacherForced:
+        """The same DiT over the first ``n`` latents (a causal block sees no later one, so its
+        output is the full layout's): what a rollout's early blocks need, at less cost."""
+        if n not in self._prefixes:
+            self._prefixes[n] = TeacherForced(self.cfg, self.dit, self.words, n, self.pos.device)
+        return self._prefixes[n]
 
     def __call__(self, clean: Tensor, noisy: Tensor, sig: Tensor, acts: Tensor, themes: Tensor) -> Tensor:
         """x0 predicted for ``noisy [B, n, ...]`` at per-latent ``sig [B, n]``, past = ``clean``
