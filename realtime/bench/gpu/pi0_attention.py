@@ -1,0 +1,109 @@
+"""pi0's attention calls alone, per kernel choice, on one GPU (docs/benchmarks-log.md, "pi0's attention").
+
+A pi0 tick at batch 1 spends about a third of its device time in ~250 attention calls whose
+problems are tiny (a LIBERO prefix: 8 query heads x 560 tokens over 560 keys of one K/V head,
+head dim 256; an action step: 8 x 50 queries over 611 keys), so the kernel's parallelism, not
+its FLOPs, sets the time. This times each candidate formulation on the real shapes (bf16, an
+additive key-padding bias as the model builds it), median of CUDA-event timings over 200 calls:
+
+- ``folded``: the query heads of the one K/V head folded into one head of 8T rows (today's model),
+  SDPA choosing its backend, and the same with each backend forced (efficient, cudnn, math);
+- ``gqa``: 8 heads over one K/V head with ``enable_gqa``; ``expanded``: K/V repeated to 8 heads;
+- ``matmul``: scores, bias, float32 softmax and the value product written out, eager and compiled;
+- ``nomask``: folded without the bias (FlashAttention's path): the floor a mask-free layout has.
+
+Usage on the device machine: ``python3 realtime/bench/gpu/pi0_attention.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+HEADS, HEAD_DIM = 8, 256
+SHAPES = {"prefix": (560, 560), "state": (1, 561), "action step": (50, 611)}  # (queries, keys), LIBERO
+
+
+def _time_us(fn, reps: int = 200) -> float:
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return statistics.median(times)
+
+
+def _matmul_attention(q, k, v, bias):
+    scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5 + bias
+    return (scores.softmax(-1).to(q.dtype)) @ v
+
+
+def candidates(batch: int, queries: int, keys: int) -> dict[str, object]:
+    dev, dt = "cuda", torch.bfloat16
+    q = torch.randn(batch, HEADS, queries, HEAD_DIM, device=dev, dtype=dt)
+    k = torch.randn(batch, 1, keys, HEAD_DIM, device=dev, dtype=dt)
+    v = torch.randn(batch, 1, keys, HEAD_DIM, device=dev, dtype=dt)
+    valid = torch.ones(batch, keys, dtype=torch.bool, device=dev)
+    valid[:, keys - 60 : keys - 50] = False  # padded prompt tokens, as a LIBERO prompt has
+    bias = torch.zeros(batch, keys, dtype=dt, device=dev).masked_fill(~valid, float("-inf"))[:, None, None]
+    qf = q.reshape(batch, 1, HEADS * queries, HEAD_DIM)
+    ke, ve = k.expand(-1, HEADS, -1, -1).contiguous(), v.expand(-1, HEADS, -1, -1).contiguous()
+    compiled = torch.compile(_matmul_attention, dynamic=False)
+    out = {
+        "folded": lambda: F.scaled_dot_product_attention(qf, k, v, attn_mask=bias),
+        "gqa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True),
+        "expanded": lambda: F.scaled_dot_product_attention(q, ke, ve, attn_mask=bias),
+        "matmul": lambda: _matmul_attention(qf, k, v, bias),
+        "matmul compiled": lambda: compiled(qf, k, v, bias),
+        "nomask": lambda: F.scaled_dot_product_attention(qf, k, v),
+    }
+    for name, backend in (
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+        ("math", SDPBackend.MATH),
+    ):
+
+        def forced(backend=backend, qq=qf):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(qq, k, v, attn_mask=bias)
+
+        out[f"folded {name}"] = forced
+
+        def forced_expanded(backend=backend):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, ke, ve, attn_mask=bias)
+
+        out[f"expanded {name}"] = forced_expanded
+    reference = _matmul_attention(qf, k, v, bias).float()
+    for name, fn in list(out.items()):
+        try:
+            got = fn().float().reshape(reference.shape)
+            err = (got - reference).abs().max().item() if name != "nomask" else 0.0
+            if err > 0.05:
+                out[name] = f"wrong (max abs err {err:.3f})"
+        except RuntimeError as exc:
+            out[name] = f"unavailable ({str(exc).splitlines()[0][:60]})"
+    return out
+
+
+def main() -> None:
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
+    for batch in (1, 8):
+        for shape, (queries, keys) in SHAPES.items():
+            row = []
+            for name, fn in candidates(batch, queries, keys).items():
+                row.append(f"{name} {fn if isinstance(fn, str) else f'{_time_us(fn):.1f}'}")
+            print(f"batch {batch} {shape} ({HEADS}x{queries} queries, {keys} keys), us: " + "; ".join(row))
+
+
+if __name__ == "__main__":
+    main()
