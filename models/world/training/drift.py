@@ -225,13 +225,13 @@ def measure_drift(
 def _start_env(model: WorldModel, sessions: list[tuple[str, int, str]]) -> MazeEnv:
     """The mazes the sessions start in: each session's start latent's own maze (``start_mazes``
     row of :meth:`StartFrames.index`), or random mazes of the sessions' themes without start frames."""
-    cfg = model.cfg
+    cfg, device = model.cfg, next(model.dit.parameters()).device  # rendered where the model runs
     if model.starts is None:
         themes = [THEMES.index(t) for _, _, t in sessions]
-        return MazeEnv(len(sessions), size=cfg.frame_height, seed=0, themes=themes)
+        return MazeEnv(len(sessions), size=cfg.frame_height, seed=0, themes=themes, device=device)
     per_theme = model.starts.latents.shape[0] // len(THEMES)
     rows = [model.starts.index(tokenize(theme, cfg), seed) for _, seed, theme in sessions]
-    return start_mazes(cfg.frame_height, per_theme).select(rows)
+    return start_mazes(cfg.frame_height, per_theme, device=device).select(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
