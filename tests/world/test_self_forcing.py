@@ -45,6 +45,12 @@ def test_the_final_pass_recomputed_with_a_gradient_is_the_rollouts_and_the_start
     assert torch.equal(clean[:, 0], start) and clean.shape == (2, n, *start.shape[1:])
     x0 = self_forcing.generator_x0(tf, clean, last_input, acts, themes)
     assert torch.allclose(x0, clean, atol=1e-5)
+    # later in a session (frames after the sink moved by an offset) the same holds, with other x0
+    offset = torch.tensor([0, 100])
+    late, late_input = self_forcing.self_rollout(tf, start, acts, themes, offset)
+    assert torch.allclose(
+        self_forcing.generator_x0(tf, late, late_input, acts, themes, offset), late, atol=1e-5
+    )
     # each block continues its own past: another start changes every later block
     other, _ = self_forcing.self_rollout(tf, start.flip(0), acts, themes)
     assert not torch.allclose(other[:, 1:], clean[:, 1:])

@@ -11,6 +11,11 @@ This stage starts from a trained model file and trains the DiT the way it is use
    does). Passes run in the teacher-forced two-copy layout (``train.TeacherForced``), past =
    the clip generated so far. Only the final denoise pass of every block carries a gradient, in
    one forward over the whole clip with the past detached (Self-Forcing's truncation).
+   ``--max-offset``: half the rollouts sit up to that many latent frames into a session (frames
+   after the sink move there, as a long session's window does: the sink stays at position 0,
+   RoPE's distance to it grows), since a minute of play reaches position 240 and the teacher only
+   ever saw the first 8. The scores below judge a clip's content, at the positions they were
+   trained at.
 2. **DMD** (Yin et al. 2024, DMD2): a frozen copy of the starting DiT is the "real" score, a
    "fake" score DiT initialised from it is trained online with the denoising loss
    (``train.denoising_loss``) on the generator's rollouts, ``--critic-steps`` updates per
@@ -90,7 +95,9 @@ class Clips:
 
 
 @torch.no_grad()
-def self_rollout(tf: TeacherForced, start: Tensor, acts: Tensor, themes: Tensor) -> tuple[Tensor, Tensor]:
+def self_rollout(
+    tf: TeacherForced, start: Tensor, acts: Tensor, themes: Tensor, offset: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Generate a clip block by block from its start latent ``start [B, C, h, w]`` with the
     few-step sampler, each block's past being the generated x0 of the earlier ones. Returns the
     clip's x0 ``[B, n, C, h, w]`` (latent 0 = ``start``) and each block's input to its final
@@ -109,7 +116,7 @@ def self_rollout(tf: TeacherForced, start: Tensor, acts: Tensor, themes: Tensor)
             noisy = last_input[:, :end].clone()
             noisy[:, frames] = x
             sig = torch.full((b, end), s, device=start.device)
-            x0 = tf.prefix(end)(clean[:, :end], noisy, sig, acts[:, :end], themes)[:, frames].float()
+            x0 = tf.prefix(end)(clean[:, :end], noisy, sig, acts[:, :end], themes, offset)[:, frames].float()
             if block == 0:
                 x0[:, 0] = start
             if i + 1 < len(sigmas):
@@ -120,12 +127,17 @@ def self_rollout(tf: TeacherForced, start: Tensor, acts: Tensor, themes: Tensor)
 
 
 def generator_x0(
-    tf: TeacherForced, clean: Tensor, last_input: Tensor, acts: Tensor, themes: Tensor
+    tf: TeacherForced,
+    clean: Tensor,
+    last_input: Tensor,
+    acts: Tensor,
+    themes: Tensor,
+    offset: Tensor | None = None,
 ) -> Tensor:
     """The final denoise pass of every block at once, with a gradient (past = ``clean``,
     detached); latent 0 stays the start latent."""
     sig = torch.full(clean.shape[:2], tf.cfg.sigmas[-1], device=clean.device)
-    x0 = tf(clean, last_input, sig, acts, themes).float()
+    x0 = tf(clean, last_input, sig, acts, themes, offset).float()
     return torch.cat([clean[:, :1], x0[:, 1:]], 1)
 
 
@@ -181,6 +193,14 @@ def self_forcing(
     amp = dict(device_type=args.device_type, dtype=torch.bfloat16, enabled=args.amp)
     t0, step = time.time(), 0
 
+    def offsets(b: int) -> Tensor | None:
+        """Per clip: 0 (a session's start) or, for half of them, a uniform frame offset up to
+        ``--max-offset`` (a clip as generated that far into a session)."""
+        if args.max_offset <= 0:
+            return None
+        late = torch.rand(b, generator=g) < 0.5
+        return (late * torch.randint(args.max_offset + 1, (b,), generator=g)).to(device)
+
     def batch() -> Clips:
         idx = torch.randint(latents.shape[0], (args.batch,), generator=g).to(latents.device)
         return Clips(latents[idx].to(device), data[1][idx].to(device), data[2][idx].to(device), data[0][idx])
@@ -193,21 +213,22 @@ def self_forcing(
             for _ in range(args.critic_steps):  # the fake score follows the generator's rollouts
                 c = batch()
                 with torch.autocast(**amp):
-                    clip, _ = self_rollout(tf_gen, c.z[:, 0], c.acts, c.themes)
+                    clip, _ = self_rollout(tf_gen, c.z[:, 0], c.acts, c.themes, offsets(args.batch))
                     loss_fake = denoising_loss(tf_fake, clip, c.acts, c.themes, context_noise=0.0)
                 optimize(opt_fake, loss_fake, clip=list(fake.parameters()))
             logs["critic"] = loss_fake.item()
         c = batch()
         with torch.autocast(**amp):
-            clean, last_input = self_rollout(tf_gen, c.z[:, 0], c.acts, c.themes)
-            x0 = generator_x0(tf_gen, clean, last_input, c.acts, c.themes)
+            offset = offsets(args.batch)
+            clean, last_input = self_rollout(tf_gen, c.z[:, 0], c.acts, c.themes, offset)
+            x0 = generator_x0(tf_gen, clean, last_input, c.acts, c.themes, offset)
             loss = torch.zeros((), device=device)
             if args.dmd_weight > 0:
                 dmd = dmd_loss(tf_real, tf_fake, x0, c.acts, c.themes)
                 loss = loss + args.dmd_weight * dmd
                 logs["dmd"] = dmd.item()
             if args.anchor_weight > 0:
-                anchor = denoising_loss(tf_gen, c.z, c.acts, c.themes, args.context_noise)
+                anchor = denoising_loss(tf_gen, c.z, c.acts, c.themes, args.context_noise, offset)
                 loss = loss + args.anchor_weight * anchor
                 logs["anchor"] = anchor.item()
             if disc is not None:
@@ -279,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         "--critic-lr", type=float, default=1e-4, help="fake score (and discriminator) learning rate"
     )
     p.add_argument("--critic-steps", type=int, default=3, help="fake-score updates per generator update")
+    p.add_argument(
+        "--max-offset", type=int, default=0,
+        help="rollouts of half the clips sit up to this many latent frames into a session (the sink at 0)",
+    )  # fmt: skip
     p.add_argument("--dmd-weight", type=float, default=1.0)
     p.add_argument("--anchor-weight", type=float, default=0.0, help="stage 2's denoising loss on real clips")
     p.add_argument("--context-noise", type=float, default=0.1, help="the anchor's context noise (train.py's)")

@@ -266,11 +266,17 @@ def train_dit(cfg, latents: Tensor, data, args, g) -> tuple[CausalDiT, WordEmbed
 
 
 def denoising_loss(
-    tf: TeacherForced, z: Tensor, acts: Tensor, themes: Tensor, context_noise: float
+    tf: TeacherForced,
+    z: Tensor,
+    acts: Tensor,
+    themes: Tensor,
+    context_noise: float,
+    offset: Tensor | None = None,
 ) -> Tensor:
     """Stage 2's loss on clips ``z [B, n, C, h, w]``: the x0 error of the noisy copy, each block at
     a noise level drawn from the sampler's schedule or uniformly (half each, at least 0.02), the
-    clean past ``z`` with noise of a std drawn from ``[0, context_noise)`` per clip."""
+    clean past ``z`` with noise of a std drawn from ``[0, context_noise)`` per clip (``offset``:
+    :meth:`TeacherForced.__call__`'s)."""
     cfg, (b, n), device = tf.cfg, z.shape[:2], z.device
     blocks = n // cfg.frames_per_block
     pick = torch.randint(len(cfg.sigmas), (b, blocks), device=device)
@@ -282,7 +288,7 @@ def denoising_loss(
     sig = sig_block.repeat_interleave(cfg.frames_per_block, 1)
     noisy = (1 - sig[..., None, None, None]) * z + sig[..., None, None, None] * torch.randn_like(z)
     noise = context_noise * torch.rand(b, 1, 1, 1, 1, device=device)
-    x0 = tf(z + noise * torch.randn_like(z), noisy, sig, acts, themes)
+    x0 = tf(z + noise * torch.randn_like(z), noisy, sig, acts, themes, offset)
     return F.mse_loss(x0.float(), z.float())
 
 
@@ -305,14 +311,27 @@ class TeacherForced:
             self._prefixes[n] = TeacherForced(self.cfg, self.dit, self.words, n, self.pos.device)
         return self._prefixes[n]
 
-    def __call__(self, clean: Tensor, noisy: Tensor, sig: Tensor, acts: Tensor, themes: Tensor) -> Tensor:
+    def __call__(
+        self,
+        clean: Tensor,
+        noisy: Tensor,
+        sig: Tensor,
+        acts: Tensor,
+        themes: Tensor,
+        offset: Tensor | None = None,
+    ) -> Tensor:
         """x0 predicted for ``noisy [B, n, ...]`` at per-latent ``sig [B, n]``, past = ``clean``
-        (the DiT's flow prediction at timesteps ``1000 sig``: ``x0 = x - sig v``)."""
+        (the DiT's flow prediction at timesteps ``1000 sig``: ``x0 = x - sig v``). ``offset [B]``:
+        every frame after the sink frames sits that many frames later (the clip as seen at
+        inference that far into a session, where the sink keeps position 0)."""
         b = clean.shape[0]
         sigma = torch.cat([torch.zeros_like(sig), sig], 1)
         cross = self.dit.cross_kv(self.words.embedding(self.tokens[themes]))
         x = torch.cat([clean, noisy], 1)
-        flow, _ = self.dit(x, self.pos.expand(b, -1), 1000 * sigma, acts.repeat(1, 2, 1), cross, self.mask)
+        pos = self.pos.expand(b, -1)
+        if offset is not None:
+            pos = pos + offset[:, None] * (pos >= self.cfg.sink_frames)
+        flow, _ = self.dit(x, pos, 1000 * sigma, acts.repeat(1, 2, 1), cross, self.mask)
         x0 = x - sigma[..., None, None, None] * flow
         return x0[:, self.n :]
 

@@ -29,12 +29,13 @@ variant() {  # name cores flags...
 
 # DMD alone (generator lr 5e-5, fake score 2e-4, 3 fake-score steps per generator step)
 variant dmd 0-2 --lr 5e-5 --critic-lr 2e-4
-# DMD with stage 2's denoising loss on real clips as an anchor (keys and prompt stay in charge)
-variant dmd-anchor 3-5 --anchor-weight 0.25
+# DMD with stage 2's denoising loss on real clips as an anchor (keys and prompt stay in charge),
+# half the rollouts up to 240 latent frames into a session (a minute of play: RoPE's distance to the sink)
+variant dmd-anchor 3-5 --anchor-weight 0.25 --max-offset 240
 # DMD + anchor + a patch discriminator on decoded rollouts against maze frames (DMD2's GAN term)
-variant dmd-gan 6-8 --anchor-weight 0.1 --gan-weight 0.01
+variant dmd-gan 6-8 --anchor-weight 0.1 --gan-weight 0.01 --max-offset 240
 # the safe one: rollout training with the GAN term and the anchor, no DMD
-variant gan-anchor 9-11 --dmd-weight 0 --anchor-weight 1.0 --gan-weight 0.02
+variant gan-anchor 9-11 --dmd-weight 0 --anchor-weight 1.0 --gan-weight 0.02 --max-offset 240
 timeout 470 taskset -c 9-11 python3 -m models.world.training.drift --weights "$SHIPPED" --device cuda \
     --png "$WORK/shipped-drift.png" >"$WORK/shipped-drift.json" 2>"$WORK/shipped-drift.log" &
 wait
