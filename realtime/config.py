@@ -412,6 +412,7 @@ class DuplexConfig:
     max_sessions: PositiveInt = 16
     max_message_bytes: PositiveInt = 1024 * 1024
     max_input_queue_ms: Annotated[int, _in_range(80, 60_000)] = 2000
+    max_invalid_frames: NonNegativeInt = 8  # refused frames in a row that close a socket (1008); 0: off
     resume_grace_s: NonNegativeFloat = 30.0  # 0: no resume (a dropped socket ends the session)
     journal_max_events: PositiveInt = 4096
     journal_max_bytes: PositiveInt = 8 * 1024 * 1024

@@ -24,7 +24,14 @@ sans-I/O codec calls, its command handler and its tick loop); the skeleton owns 
   transport aborted if the close frame cannot be flushed. The session is released through the
   runtime's one release path (``manager.disconnect``) whatever happened, unless the connection
   no longer owns it (a resume moved it to another connection) or the socket dropped and the
-  kind's manager keeps dropped sessions for a resume (``resume_grace_s``: it detaches them).
+  kind's manager keeps dropped sessions for a resume (``resume_grace_s``: it detaches them),
+  unless every frame the socket sent was invalid (below).
+- **Invalid frames.** :attr:`Connection.frames` (``realtime.frame_budget``) counts the frames a
+  kind's reader judged (the kind calls ``conn.frames.note`` as it decodes: only the kinds with a
+  ``max_invalid_frames`` setting do), and a frame the transport refused (the socket ended 1007 or
+  1009) as one more invalid frame. A socket that sent frames but never a valid one is no client of
+  the kind's protocol: its drop releases the session instead of keeping it for a resume. The
+  kind ends the connection when ``note`` says the budget is used up.
 - **Start deadline.** A socket that has not started a session within ``start_timeout_s`` ends with
   ``start_timeout`` (1008).
 - **Errors.** An unexpected exception in a kind is one rate-limited ERROR line with the traceback
@@ -47,6 +54,7 @@ from typing import Any, Protocol
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected, WebSocketState
 
 from realtime.connections import TRANSPORT_EXTENSION
+from realtime.frame_budget import InvalidFrameBudget
 from realtime.logs import log_internal_error
 from realtime.ws import CloseCode, close_quietly
 from sessions.log_context import current_session_id
@@ -84,6 +92,8 @@ CLOSES: dict[str, tuple[CloseCode, str]] = {
     "start_timeout": (CloseCode.POLICY_VIOLATION, "no session started within {start_timeout_s:g} s"),
 }
 CLOSE_FLUSH_S = 2.0  # how long a close frame may wait for a client's write buffer before abort
+#: Close codes of a socket that ended on a frame refused by the transport (invalid UTF-8, too big).
+REFUSED_FRAME_CLOSES = (CloseCode.INVALID_DATA, CloseCode.MESSAGE_TOO_BIG)
 
 
 class _Fields(dict):
@@ -331,6 +341,7 @@ class Connection:
         start_timeout_s: float,
         send_wait_s: float = 30.0,
         close_fields: dict[str, Any] | None = None,
+        max_invalid_frames: int = 0,
     ) -> None:
         self.ws = websocket
         self.kind = kind
@@ -338,6 +349,7 @@ class Connection:
         self.manager = manager
         self.session: Session | None = None
         self._admitting = False  # waiting in the admission queue: the start deadline does not apply
+        self.frames = InvalidFrameBudget(max_invalid_frames)
         self.outbound = Outbound(
             websocket,
             max_items=max_outbound_items,
@@ -458,7 +470,8 @@ class Connection:
         finally:
             # Release at once (the session cuts a tick still unwinding), then let the tasks end.
             if self.session is not None:
-                dropped = (self._close or Close("disconnect")).reason == "disconnect"
+                ended = (self._close or Close("disconnect")).reason
+                dropped = ended == "disconnect" and not self.frames.refused_only
                 await self.manager.disconnect(self.session.session_id, owner=self, dropped=dropped)
             await asyncio.gather(*tasks, *self._children, return_exceptions=True)
         await self._finish()
@@ -471,6 +484,8 @@ class Connection:
             except (WebSocketDisconnect, RuntimeError, OSError):
                 break
             if message["type"] == "websocket.disconnect":
+                if message.get("code") in REFUSED_FRAME_CLOSES:
+                    self.frames.note(invalid=True)
                 break
             frame: Frame | MediaIn | None
             if "media" in message:  # a WebRTC call's microphone audio, in order with its events
@@ -606,6 +621,7 @@ async def run_connection(
         start_timeout_s=server.start_timeout_s,
         send_wait_s=server.max_send_wait_s,
         close_fields=fields,
+        max_invalid_frames=getattr(section, "max_invalid_frames", 0),
     ).run()
 
 

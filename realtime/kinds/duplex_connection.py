@@ -9,6 +9,13 @@ journaled events, and ends with ``session.close`` (the session is released at on
 socket (a drop: the manager keeps the session detached for a resume). Barge-in or
 ``response.cancel`` is one call, ``DuplexSession.interrupt``. Ogg/Opus appends are decoded on the
 kind's media thread, in the reader.
+
+Invalid frames: the reader notes every decoded frame in the connection's budget
+(``Connection.frames``), invalid when the codec refused it. The ``duplex.max_invalid_frames``-th
+invalid frame in a row gets its typed error, then ``too_many_invalid_frames``, then close 1008; the
+session is released at once. A socket whose every frame was invalid is no client of the protocol:
+the skeleton releases its session when it drops rather than keeping it for a resume, so garbage
+costs no model steps beyond the socket's own life.
 """
 
 from __future__ import annotations
@@ -61,6 +68,13 @@ class _Samples:
 
 
 @dataclass(frozen=True)
+class _OverBudget:
+    """The invalid frame that used up the connection's budget: the codec's error for it."""
+
+    rejected: Rejected
+
+
+@dataclass(frozen=True)
 class _Replaced:
     """This socket's session was resumed on another socket."""
 
@@ -82,9 +96,11 @@ class DuplexHandler:
         self.codec = DuplexCodec(handshake.dialect, self.config, codec_options(c), opus_input=audio == OPUS)
         self.decoder = OggOpusDecoder() if audio == OPUS else None
         self.ds: DuplexSession | None = None
+        self.conn: Connection | None = None  # set first thing in ``opened``, before any frame is read
 
     # -- KindHandler ----------------------------------------------------------------------
     async def opened(self, conn: Connection) -> None:
+        self.conn = conn
         if self.audio not in self.service.audio_formats():
             formats = ", ".join(self.service.audio_formats())
             await self._direct(
@@ -110,6 +126,11 @@ class DuplexHandler:
         ds.emit([created, ev.ConversationCreated(ds.turns.conversation_id)])
 
     async def decode(self, message: str | bytes) -> Any:
+        command = await self._decode(message)
+        assert self.conn is not None
+        return _OverBudget(command) if self.conn.frames.note(isinstance(command, Rejected)) else command
+
+    async def _decode(self, message: str | bytes) -> Any:
         if isinstance(message, str):
             return self.codec.receive_text(message)
         command = self.codec.receive_bytes(message)
@@ -137,6 +158,8 @@ class DuplexHandler:
         elif isinstance(item, End):
             await self._flush(conn)
             conn.end(item.reason, item.message)
+        elif isinstance(item, _OverBudget):
+            await self._over_budget(conn, item.rejected)
         elif self.ds is None:
             await self._before_session(conn, item)
         elif self.ds.owned_by(conn):  # else resumed on another socket: this one ends (_Replaced)
@@ -151,6 +174,19 @@ class DuplexHandler:
             # within the store's bound per session, with room for the rest of the state
             budget = self.service.ctx.config.replicas.checkpoint_max_bytes * 3 // 4
             checkpointer.save(ds.session_id, "duplex", lambda: ds.state(budget))
+
+    async def _over_budget(self, conn: Connection, rejected: Rejected) -> None:
+        """The last invalid frame's error, ``too_many_invalid_frames``, then close 1008."""
+        limit = conn.frames.limit
+        message = f"{limit} invalid frames in a row: closing the connection."
+        refusals = [rejected, _error("too_many_invalid_frames", message)]
+        if self.ds is not None and self.ds.owned_by(conn):
+            self.ds.emit([ev.ErrorEvent(e) for e in refusals])
+            await self._flush(conn)
+        else:
+            for error in refusals:
+                await self._direct(conn, error)
+        conn.end("protocol", f"{limit} invalid frames in a row")
 
     # -- before a session (autostart=0) ---------------------------------------------------
     async def _before_session(self, conn: Connection, item: Any) -> None:
