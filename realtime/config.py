@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
+
+from realtime.scale.cores import CpuListError, parse_cpu_list
 
 
 class ConfigError(Exception):
@@ -481,12 +484,30 @@ class ReplicasConfig:
     checkpoint_ttl_s: PositiveFloat = 300.0  # a checkpoint not refreshed this long is dropped
     checkpoint_max_total_bytes: PositiveInt = 1 << 30  # all sessions' checkpoints in the store
     checkpoint_interval_s: PositiveFloat = 0.2  # a session's checkpoints are put at most this often
+    # a CPU list ("12-15"): the replica of node rank r pins itself to the r-th num_cpus of them
+    cpu_affinity: str | None = None
 
     def validate(self, path: str) -> None:
         if not self.app_name or not all(c.isalnum() or c in "-_" for c in self.app_name):
             raise _FieldError(
                 f"{path}.app_name", f"must be letters, digits, '-' or '_', got {self.app_name!r}"
             )
+        if self.cpu_affinity is not None:
+            try:
+                self.cores()
+            except CpuListError as exc:
+                raise _FieldError(f"{path}.cpu_affinity", str(exc)) from None
+            if self.num_cpus != int(self.num_cpus):
+                raise _FieldError(
+                    f"{path}.num_cpus",
+                    f"must be a whole number of cores with cpu_affinity, got {self.num_cpus:g}",
+                )
+            if not hasattr(os, "sched_setaffinity"):
+                raise _FieldError(f"{path}.cpu_affinity", "pinning processes to cores needs Linux")
+
+    def cores(self) -> tuple[int, ...]:
+        """The cores of ``cpu_affinity`` (empty when unset; it parses once validated)."""
+        return parse_cpu_list(self.cpu_affinity) if self.cpu_affinity is not None else ()
 
 
 @dataclass(frozen=True)

@@ -21,5 +21,6 @@ from realtime.scale.launch import application, check_config
 
 def app(args: dict[str, str]) -> Application:
     config = load_config(args.get("config"))
-    check_config(config, args.get("config") or "deploy/default.yaml")
-    return application(config, int(args.get("replicas", "1")))
+    replicas = int(args.get("replicas", "1"))
+    check_config(config, args.get("config") or "deploy/default.yaml", replicas)
+    return application(config, replicas)

@@ -50,15 +50,23 @@ PROXY_CALLBACK = "realtime.scale.proxy:middlewares"
 POLL_S = 0.5
 
 
-def check_config(config: DeployConfig, config_name: str) -> None:
-    """What a replica deployment needs of a config beyond the schema; raises ``ConfigError``."""
-    gpus = config.replicas.num_gpus
-    if 0 < gpus < 1 and config.runtime.memory_available_bytes is None:
+def check_config(config: DeployConfig, config_name: str, num_replicas: int) -> None:
+    """What a deployment of ``num_replicas`` replicas needs of a config beyond the schema; raises
+    ``ConfigError``."""
+    rc = config.replicas
+    if 0 < rc.num_gpus < 1 and config.runtime.memory_available_bytes is None:
         raise ConfigError(
             config_name,
             "replicas.num_gpus",
-            f"{gpus:g} GPU per replica shares a GPU: set runtime.memory_available_bytes to each "
+            f"{rc.num_gpus:g} GPU per replica shares a GPU: set runtime.memory_available_bytes to each "
             "replica's share, or every replica plans its pools from the whole GPU's free memory",
+        )
+    if rc.cpu_affinity is not None and len(rc.cores()) < num_replicas * rc.num_cpus:
+        raise ConfigError(
+            config_name,
+            "replicas.cpu_affinity",
+            f"{len(rc.cores())} cores for {num_replicas} replicas of num_cpus {rc.num_cpus:g}: each "
+            "replica on a node needs cores of its own",
         )
 
 
@@ -165,7 +173,7 @@ def serve_replicas(
 ) -> int:
     """Run the deployment until SIGTERM/SIGINT (module docstring); returns the exit status."""
     try:
-        check_config(config, config_name)
+        check_config(config, config_name, num_replicas)
     except ConfigError as exc:
         print(f"realtime: {exc}", flush=True, file=sys.stderr)
         return 2

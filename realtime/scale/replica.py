@@ -38,6 +38,7 @@ from realtime.config import DeployConfig
 from realtime.logs import configure_logging
 from realtime.scale.affinity import replica_key, websocket_routes
 from realtime.scale.checkpoints import RayCheckpointStore
+from realtime.scale.cores import pin_process, replica_block
 from realtime.scale.resume import Checkpointer
 from realtime.scale.session_check import SessionCheck
 from realtime.scale.views import ClusterViews, Snapshot, report, snapshot
@@ -102,6 +103,7 @@ class RealtimeReplica:
         context = serve.get_replica_context()  # the app's name is Serve's (serve run may rename it)
         self.tag = context.replica_id.unique_id
         set_replica_tag(self.tag)
+        self._pin(context.rank.local_rank)
         peers = Peers(context.app_name, self.tag, config.replicas.peer_timeout_s)
         self.store = RayCheckpointStore(config.replicas, context.app_name)
         views = ClusterViews(
@@ -121,6 +123,24 @@ class RealtimeReplica:
         self.routes = websocket_routes(state.kinds)
         log.info("replica built", extra={"replica": self.tag, "kinds": ",".join(config.enabled_kinds())})
         return app
+
+    def _pin(self, rank: int) -> None:
+        """``replicas.cpu_affinity``: this process onto its block of cores (``realtime.scale.cores``),
+        before the models load and start their threads."""
+        rc = self.config.replicas
+        if rc.cpu_affinity is None:
+            return
+        block = replica_block(rc.cores(), int(rc.num_cpus), rank)
+        if not block:
+            log.warning(
+                "no cores left for this replica: it runs unpinned",
+                extra={"replica": self.tag, "rank": rank, "cpu_affinity": rc.cpu_affinity},
+            )
+            return
+        pin_process(block)
+        log.info(
+            "replica pinned", extra={"replica": self.tag, "rank": rank, "cores": ",".join(map(str, block))}
+        )
 
     def _gather(self, peers: Peers):
         async def gather(with_metrics: bool) -> list[Snapshot]:
