@@ -29,6 +29,9 @@ This stage starts from a trained model file and trains the DiT the way it is use
    decoder). ``--dmd-weight 0`` with a GAN and an anchor is the rollout-GAN variant.
    ``--dec-minutes``: then ``train.py``'s stage 3 (decoder on the new DiT's sampled x0).
 
+The generator kept is the exponential moving average of its weights (``--ema``, 0.99 as
+Self-Forcing's; 0: the last step's).
+
 The result is a model file of the starting one's shape (same config: CPU cost per tick
 unchanged) with start frames rendered by ``training.start_frames``, followed by the report of
 ``train.py`` (control response, generated-frame sharpness under ``sharpness.SCRIPT``) and
@@ -175,13 +178,16 @@ def _scores_from(dit: CausalDiT, trainable: bool) -> CausalDiT:
 def self_forcing(
     cfg: WorldModelConfig, dit: CausalDiT, words: WordEmbedding, dec: CausalDecoder, data, latents, args
 ) -> CausalDiT:
-    """Train ``dit`` (in place, returned) on its own rollouts (module docstring) for
-    ``args.steps`` generator steps or ``args.minutes``, whichever ends first."""
+    """Train ``dit`` in place on its own rollouts (module docstring) for ``args.steps`` generator
+    steps or ``args.minutes``, whichever ends first; returns the generator to keep: the
+    exponential moving average of its weights (``args.ema``; Self-Forcing's 0.99) or, without
+    one, ``dit`` itself."""
     device, n = args.device, latents.shape[1]
     words.eval().requires_grad_(False)
     dec.eval().requires_grad_(False)
     real = _scores_from(dit, trainable=False)
     fake = _scores_from(dit, trainable=True)
+    ema = copy.deepcopy(dit).eval().requires_grad_(False) if args.ema > 0 else None
     dit.train().requires_grad_(True)
     tf_gen, tf_real, tf_fake = (TeacherForced(cfg, m, words, n, device) for m in (dit, real, fake))
     betas = (0.0, 0.999)  # DMD2 / Self-Forcing
@@ -237,6 +243,10 @@ def self_forcing(
                 loss = loss + args.gan_weight * adv
                 logs["adv"] = adv.item()
         optimize(opt, loss, clip=list(dit.parameters()))
+        if ema is not None:
+            with torch.no_grad():
+                for average, param in zip(ema.parameters(), dit.parameters(), strict=True):
+                    average.lerp_(param, 1 - args.ema)
         if disc is not None:  # hinge loss; the generator step above left grads on disc: cleared here
             real_frames = c.frames[sub, 1:].to(device).flatten(0, 1).float() / 255.0
             with torch.autocast(**amp):
@@ -251,7 +261,7 @@ def self_forcing(
             )
         step += 1
     print(f"sf done: {step} generator steps in {time.time() - t0:.0f}s", flush=True)
-    return dit.eval().requires_grad_(False)
+    return ema if ema is not None else dit.eval().requires_grad_(False)
 
 
 @torch.no_grad()
@@ -318,13 +328,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-report", action="store_true", help="skip the final report")
     p.add_argument("--report", type=Path, help="also write the final report here (JSON)")
     p.add_argument("--png", type=Path, help="sheets of the final report (sharpness script, drift)")
+    p.add_argument(
+        "--ema", type=float, default=0.99, help="keep this EMA of the generator's weights; 0: the last"
+    )
     p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.device_type = torch.device(args.device).type
     args.amp = args.device_type == "cuda"
-    if args.latents < 2 or args.batch < 1 or args.critic_steps < 1:
-        p.error("--latents >= 2, --batch >= 1 and --critic-steps >= 1 required")
+    if args.latents < 2 or args.batch < 1 or args.critic_steps < 1 or not 0 <= args.ema < 1:
+        p.error("--latents >= 2, --batch >= 1, --critic-steps >= 1 and 0 <= --ema < 1 required")
     torch.manual_seed(args.seed)
     t_start = time.time()
     cfg = read_config(args.init)
