@@ -73,40 +73,12 @@ def test_dmd_gradient_vanishes_while_the_fake_score_is_the_real_one(trained):
 def test_cli_fine_tunes_and_writes_a_loadable_model_file_with_its_report(trained, tmp_path, capsys):
     init, ae = trained
     out, rep = tmp_path / "sf.safetensors", tmp_path / "sf.json"
-    args = [
-        "--device",
-        "cpu",
-        "--init",
-        str(init),
-        "--autoencoder",
-        str(ae),
-        "--out",
-        str(out),
-        "--clips",
-        "4",
-    ]
-    args += [
-        "--latents",
-        "4",
-        "--steps",
-        "1",
-        "--batch",
-        "2",
-        "--critic-steps",
-        "1",
-        "--anchor-weight",
-        "0.1",
-    ]
-    args += [
-        "--gan-weight",
-        "0.1",
-        "--gan-batch",
-        "1",
-        "--start-frames-per-theme",
-        "2",
-        "--drift-seconds",
-        "1",
-    ]
+    args = ["--device", "cpu", "--init", str(init), "--autoencoder", str(ae), "--out", str(out)]
+    args += "--clips 4 --latents 4 --steps 1 --batch 2 --critic-steps 1 --anchor-weight 0.1".split()
+    args += (
+        "--gan-weight 0.1 --gan-batch 1 --start-frames-per-theme 2 --drift-seconds 1 --max-offset 8".split()
+    )
+    args += "--ema 0.5 --weights-dtype float32".split()  # one warm-up step: a tiny move, kept visible
     assert self_forcing.main([*args, "--report", str(rep)]) == 0
     assert read_config(out) == read_config(init) and load_start_frames(out).latents.shape[0] == 8
     before = WorldModel.from_weights(init, slots=1).dit.state_dict()
