@@ -31,8 +31,8 @@ frame), so a session's first latent gives 1 frame and every later one 4. The tri
 still computed: the ``MemBlock`` s after the temporal upsamples remember them.
 
 State per session: the 9 ``MemBlock`` s' last inputs, 3 x 256 channels at the latents' size, 3 x 128
-at twice it, 3 x 64 at four times it (5,376 values per latent cell): at 480x832 (60x104 latents)
-33.5 M values, 67 MB in bf16 (``decoder_state_bytes``; Wan's VAE decoder holds 1.89 GB).
+at twice their height and width, 3 x 64 at four times (5,376 values per latent cell): at 480x832
+(60x104 latents) 33.5 M values, 67 MB in bf16 (``decoder_state_bytes``; Wan's decoder: 1.89 GB).
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ CACHE_SLICES = 2
 
 @dataclass
 class DecoderState:
-    """One session's decoder temporal cache: the last 2 input slices of each causal conv."""
+    """One session's decoder temporal cache, whichever decoder's (here the last 2 input slices of each
+    causal conv; Wan's VAE keeps the same, TAEHV each ``MemBlock``'s last input frame)."""
 
     caches: list[Tensor]
     first: bool = True
