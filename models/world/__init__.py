@@ -15,7 +15,8 @@ One readable file per part (the forward path is ``dit.py``; the rest earns its o
 - ``checkpoints.py``  Self-Forcing / CausVid checkpoint files: reading, checking, key mapping
 - ``prompts.py``      prompts -> text context (world-tiny's word table; ``text_encoder.py``: umT5)
 - ``vae.py``          the small causal decoder with a per-session temporal cache (1 + 4(n-1) frames, then 4n);
-                      ``wan_vae.py`` Wan 2.1's VAE decoder with the same contract
+                      ``wan_vae.py`` Wan 2.1's VAE decoder and ``taehv.py`` TAEHV's tiny decoder of
+                      its latents, with the same contract; ``decoders.py`` picks one by the config
 - ``model.py``        ``WorldModel``: resident sessions, batched transactional ``generate`` / ``decode``
 - ``stage.py``        the model as the DiT block stage and the decode stage of the stage engine
 - ``profiling.py``    stage timing behind one seam (off by default)
