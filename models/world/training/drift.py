@@ -19,7 +19,7 @@ Pass rule (:func:`passes`), on the last window: the model's gradient is at least
 :data:`GRADIENT_SHARE` of the maze's and its wall share at most :data:`WALL_EXCESS` above the
 maze's. A constant wall-coloured clip fails both; the maze's own frames pass.
 
-CLI (about a minute per model on 2 CPU cores for the default 2 seeds x 4 themes x 60 s)::
+CLI (1-3 minutes per model on the shared 2-core box for the default 2 seeds x 4 themes x 60 s)::
 
     python -m models.world.training.drift --weights W.safetensors [--seconds 60] [--png sheet.png]
 
