@@ -16,7 +16,7 @@ MINUTES="${MINUTES:-5.5}"
 SHIPPED=models/world/weights/world-tiny.safetensors
 WORK="${WORK:-/tmp/world_train}"
 VARIANTS=(dmd-slow dmd-offset dmd-anchor gan-anchor)
-mkdir -p "$WORK"
+rm -rf "$WORK" && mkdir -p "$WORK"  # no file of an earlier run on a warm machine
 export OMP_NUM_THREADS=3
 
 variant() {  # name cores flags...
