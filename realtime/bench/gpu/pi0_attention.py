@@ -10,7 +10,14 @@ additive key-padding bias as the model builds it), median of CUDA-event timings 
   SDPA choosing its backend, and the same with each backend forced (efficient, cudnn, math);
 - ``gqa``: 8 heads over one K/V head with ``enable_gqa``; ``expanded``: K/V repeated to 8 heads;
 - ``matmul``: scores, bias, float32 softmax and the value product written out, eager and compiled;
-- ``nomask``: folded without the bias (FlashAttention's path): the floor a mask-free layout has.
+- ``nomask``: folded without the bias (FlashAttention's path): the floor a mask-free layout has;
+- ``splitS efficient`` / ``splitS cudnn``: the keys (padded to a multiple of 64, masked) in S parts
+  run as one call of S times the batch, merged by log-sum-exp (flash-decoding's split-KV), by
+  the memory-efficient or the cuDNN kernel with the bias.
+
+Each figure is the device time per call: 50 calls queued back to back between two CUDA events
+(a single call between events measures the launch, not the kernel). FlexAttention candidates were
+tried once and dropped: that run (2026-12-06, H100) printed nothing within 300 s.
 
 Usage on the device machine: ``python3 realtime/bench/gpu/pi0_attention.py``.
 """
@@ -24,10 +31,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 HEADS, HEAD_DIM = 8, 256
-SHAPES = {"prefix": (560, 560), "state": (1, 561), "action step": (50, 611)}  # (queries, keys), LIBERO
+SHAPES = {"prefix": (560, 560), "action step": (50, 611)}  # (queries, keys), LIBERO
 
 
-def _time_us(fn, reps: int = 200) -> float:
+def _time_us(fn, reps: int = 20, calls: int = 50) -> float:
+    """Median over ``reps`` of the mean time of ``calls`` back-to-back calls (the host queues
+    them far ahead of the GPU, so this is device time per call, as inside a CUDA graph)."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
@@ -35,11 +44,33 @@ def _time_us(fn, reps: int = 200) -> float:
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
+        times.append(start.elapsed_time(end) * 1000 / calls)
     return statistics.median(times)
+
+
+def split_attention(q, k, v, bias, splits: int, op: str):
+    """Keys in ``splits`` equal parts run as one call of ``splits`` times the batch (more CTAs for
+    a small problem), merged by the parts' log-sum-exps; a part whose keys are all masked gets
+    weight 0. ``q [B, 1, M, D]``, ``k``/``v`` ``[B, 1, K, D]``, ``bias [B, 1, 1, K]``."""
+    b, _, m, d = q.shape
+    part = k.shape[2] // splits
+    qs = q.expand(b, splits, m, d).reshape(b * splits, 1, m, d)
+    ks, vs = k.reshape(b * splits, 1, part, d), v.reshape(b * splits, 1, part, d)
+    bs = bias.reshape(b * splits, 1, 1, part).expand(b * splits, 1, m, part)
+    if op == "efficient":
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(qs, ks, vs, bs, True)[:2]
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            qs, ks, vs, bs, True, 0.0, False, False
+        )[:2]
+    lse = lse.reshape(b, splits, -1)[..., :m].float()
+    weights = torch.softmax(lse, dim=1).nan_to_num(0.0)[..., None]
+    out = out.reshape(b, splits, m, d).float().nan_to_num(0.0)
+    return (out * weights).sum(1, keepdim=True).to(q.dtype)
 
 
 def _matmul_attention(q, k, v, bias):
@@ -49,23 +80,25 @@ def _matmul_attention(q, k, v, bias):
 
 def candidates(batch: int, queries: int, keys: int) -> dict[str, object]:
     dev, dt = "cuda", torch.bfloat16
+    real, keys = keys, -(-keys // 64) * 64  # K/V padded to a multiple of 64 (masked): splits stay whole
     q = torch.randn(batch, HEADS, queries, HEAD_DIM, device=dev, dtype=dt)
     k = torch.randn(batch, 1, keys, HEAD_DIM, device=dev, dtype=dt)
     v = torch.randn(batch, 1, keys, HEAD_DIM, device=dev, dtype=dt)
-    valid = torch.ones(batch, keys, dtype=torch.bool, device=dev)
-    valid[:, keys - 60 : keys - 50] = False  # padded prompt tokens, as a LIBERO prompt has
+    valid = (torch.arange(keys, device=dev) < real).expand(batch, keys).clone()
+    valid[:, real - 60 : real - 50] = False  # padded prompt tokens, as a LIBERO prompt has
     bias = torch.zeros(batch, keys, dtype=dt, device=dev).masked_fill(~valid, float("-inf"))[:, None, None]
     qf = q.reshape(batch, 1, HEADS * queries, HEAD_DIM)
     ke, ve = k.expand(-1, HEADS, -1, -1).contiguous(), v.expand(-1, HEADS, -1, -1).contiguous()
-    compiled = torch.compile(_matmul_attention, dynamic=False)
     out = {
         "folded": lambda: F.scaled_dot_product_attention(qf, k, v, attn_mask=bias),
         "gqa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True),
         "expanded": lambda: F.scaled_dot_product_attention(q, ke, ve, attn_mask=bias),
         "matmul": lambda: _matmul_attention(qf, k, v, bias),
-        "matmul compiled": lambda: compiled(qf, k, v, bias),
         "nomask": lambda: F.scaled_dot_product_attention(qf, k, v),
     }
+    for splits in (2, 4, 8):
+        for op in ("efficient", "cudnn"):
+            out[f"split{splits} {op}"] = lambda s=splits, o=op: split_attention(qf, k, v, bias, s, o)
     for name, backend in (
         ("efficient", SDPBackend.EFFICIENT_ATTENTION),
         ("cudnn", SDPBackend.CUDNN_ATTENTION),
@@ -90,7 +123,7 @@ def candidates(batch: int, queries: int, keys: int) -> dict[str, object]:
             err = (got - reference).abs().max().item() if name != "nomask" else 0.0
             if err > 0.05:
                 out[name] = f"wrong (max abs err {err:.3f})"
-        except RuntimeError as exc:
+        except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is reported, not fatal
             out[name] = f"unavailable ({str(exc).splitlines()[0][:60]})"
     return out
 
@@ -102,7 +135,10 @@ def main() -> None:
             row = []
             for name, fn in candidates(batch, queries, keys).items():
                 row.append(f"{name} {fn if isinstance(fn, str) else f'{_time_us(fn):.1f}'}")
-            print(f"batch {batch} {shape} ({HEADS}x{queries} queries, {keys} keys), us: " + "; ".join(row))
+            print(
+                f"batch {batch} {shape} ({HEADS}x{queries} queries, {keys} keys), us: " + "; ".join(row),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
