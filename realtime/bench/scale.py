@@ -22,10 +22,19 @@ clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this 
     such robot's time from the kill to its first reply on the live replica (goal <= 2000);
     ``lost_sessions`` = robots not served again within :data:`RESUME_DEADLINE_S` (goal 0).
 
+``--cores LIST`` gives each replica cores of its own (``replicas.cpu_affinity``): replica ``r``
+pins itself to the ``r``-th block of ``--cpus-per-replica`` cores of ``LIST``, the single server
+of (a) and (b) runs on the first block (one replica's cores), and this process, its client
+threads and every other process of the Ray instance (Serve's proxy and controller, Ray's own) on
+the cores of ``LIST`` after the two blocks, or on all of ``LIST`` when none are left (then the
+load generator and the proxy share the replicas' cores, and the table says so). Give
+``--threads`` the same number as ``--cpus-per-replica``.
+
 ``--device cuda`` gives each replica one GPU (``replicas.num_gpus: 1``; two GPUs for (b)) and the
 single server the first one: on the 2-GPU device machine, ``realtime bench scale --device cuda
 --policy pi0-shaped --threads 4 --cpus-per-replica 4`` measures the ratio where each replica has
 its own GPU. Needs the ``ray`` extra (``pip install -e '.[ray]'``) and ``openpi-client``.
+``--parts`` picks the sections (default ``a,b,c``; ``c`` alone deploys two replicas at once).
 The last line is JSON: ``proxy_added_p50_ms``, ``throughput_ratio_2_vs_1``,
 ``resume_after_loss_ms``, ``lost_sessions``, plus the raw figures.
 """
@@ -44,12 +53,14 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from realtime.bench import examples
 from realtime.bench.goals import goal_note
 from realtime.bench.robot import _client, ours, overhead, throughput
-from realtime.config import config_from_mapping
+from realtime.config import ConfigError, config_from_mapping
+from realtime.scale.cores import pin_process, replica_block
 
 
 def _free_port() -> int:
@@ -74,9 +85,48 @@ def replica_config(policy: str, args: argparse.Namespace) -> Any:
                 "num_gpus": 1.0 if args.device == "cuda" else 0.0,
                 "stats_period_s": 0.5,
                 "object_store_bytes": 100_000_000,
+                "cpu_affinity": args.cores,
             },
         }
     )
+
+
+@dataclass(frozen=True)
+class CoreSplit:
+    """``--cores``: the first replica's cores (the single server's too) and this process's (the
+    load generator, Serve's proxy, Ray's processes); ``shared`` when the list had no cores left
+    after two replicas' blocks, so ``rest`` is the whole list."""
+
+    first: tuple[int, ...]
+    rest: tuple[int, ...]
+    shared: bool
+
+    @classmethod
+    def of(cls, config: Any) -> CoreSplit:
+        cores, per = config.replicas.cores(), int(config.replicas.num_cpus)
+        rest = cores[2 * per :]
+        return cls(first=replica_block(cores, per, 0), rest=rest or cores, shared=not rest)
+
+    def describe(self) -> str:
+        first, rest = ",".join(map(str, self.first)), ",".join(map(str, self.rest))
+        shared = " (the replicas' cores: none left)" if self.shared else ""
+        return f"replicas on cores of their own (the first on {first}), clients and Ray on {rest}{shared}"
+
+
+@contextlib.contextmanager
+def direct_on(cores: tuple[int, ...] | None, policy: str, threads: int, robot: dict) -> Iterator[str]:
+    """The single server (``realtime.bench.robot.ours``) started on ``cores`` (it inherits this
+    thread's affinity at its start, which is restored at once: the clients stay where they were)."""
+    with contextlib.ExitStack() as stack:
+        before = os.sched_getaffinity(0) if cores else None
+        if cores:
+            os.sched_setaffinity(0, cores)
+        try:
+            url = stack.enter_context(ours(policy, threads, robot))
+        finally:
+            if before is not None:
+                os.sched_setaffinity(0, before)
+        yield url
 
 
 @contextlib.contextmanager
@@ -165,6 +215,69 @@ def replica_loss(url: str, clients: int) -> tuple[int, list[float], int]:
     return lost, [s for s, _ in outcomes if s is not None], clients
 
 
+def proxy_cost(args: argparse.Namespace, zeros: Any, first: tuple[int, ...] | None, port: int) -> dict:
+    """(a): one robot, the zeros policy, alternating blocks direct and through the proxy."""
+    direct_robot = {"device": args.device}
+    with (
+        direct_on(first, "zeros", args.threads, direct_robot) as direct,
+        serve_app(zeros, 1, port) as proxied,
+    ):
+        samples = overhead(proxied, direct, examples.libero(0), args.requests, args.blocks)
+    direct_p50, proxy_p50 = _ms(samples["peer"], 50), _ms(samples["ours"], 50)
+    print(
+        f"(a) zeros policy, LIBERO, one robot: direct p50 {direct_p50} ms, through the proxy {proxy_p50} ms"
+    )
+    return {
+        "proxy_added_p50_ms": round(proxy_p50 - direct_p50, 2),
+        "direct_p50_ms": direct_p50,
+        "proxy_p50_ms": proxy_p50,
+    }
+
+
+def replicas_and_loss(
+    args: argparse.Namespace, model: Any, first: tuple[int, ...] | None, port: int, parts: set[str]
+) -> dict:
+    """(b): direct, one replica, two replicas at the same load; (c): one of two replicas killed."""
+    runs: dict[str, tuple[float, list[float], list[dict]]] = {}
+    results: dict[str, Any] = {}
+    if "b" in parts:
+        with direct_on(first, args.policy, args.threads, {"device": args.device}) as direct:
+            runs["direct"] = throughput(direct, args.clients, args.seconds)
+    with serve_app(model, 1 if "b" in parts else 2, port) as proxied:
+        if "b" in parts:
+            runs["1 replica"] = throughput(proxied, args.clients, args.seconds)
+            scale_to(model, 2, proxied)
+            runs["2 replicas"] = throughput(proxied, args.clients, args.seconds)
+        if "c" in parts:
+            lost, resumed, total = replica_loss(proxied, args.clients)
+    if runs:
+        where = f"{os.cpu_count()} cores" + (", one GPU per replica" if args.device == "cuda" else "")
+        if first:
+            where += f", {CoreSplit.of(model).describe()}"
+        print(f"(b) {args.policy}, {args.clients} robots closed loop, {args.seconds:g} s each, {where}:")
+        print("    server        chunks/s   p50 ms   p99 ms")
+        for name, (rate, latencies, _) in runs.items():
+            print(f"    {name:<12} {rate:9.1f} {_ms(latencies, 50):8.1f} {_ms(latencies, 99):8.1f}")
+        rate_1, rate_2 = runs["1 replica"][0], runs["2 replicas"][0]
+        results |= {
+            "throughput_ratio_2_vs_1": round(rate_2 / rate_1, 3) if rate_1 else None,
+            "chunks_per_s": {name: round(rate, 1) for name, (rate, _, _) in runs.items()},
+            "p99_ms": {name: _ms(latencies, 99) for name, (_, latencies, _) in runs.items()},
+        }
+    if "c" in parts:
+        resume_ms = round(max(resumed) * 1000, 1) if resumed else None
+        print(
+            f"(c) one of two replicas killed: {len(resumed)} of {total} robots resumed on the other replica, "
+            f"slowest {resume_ms} ms after the kill; {lost} not served again within {RESUME_DEADLINE_S:g} s"
+        )
+        results |= {
+            "resume_after_loss_ms": resume_ms,
+            "lost_sessions": lost,
+            "resumed_after_loss": len(resumed),
+        }
+    return results
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="realtime bench scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=200, help="(a): round trips per server")
@@ -177,11 +290,22 @@ def _parser() -> argparse.ArgumentParser:
         "--device", choices=["cpu", "cuda"], default="cpu", help="robot.device; cuda: one GPU per replica"
     )
     p.add_argument("--cpus-per-replica", type=float, default=0.5, help="replicas.num_cpus")
+    p.add_argument(
+        "--cores",
+        metavar="LIST",
+        help="a CPU list ('12-15'): each replica on --cpus-per-replica cores of its own, the rest for "
+        "the clients and Ray (module docstring)",
+    )
+    p.add_argument("--parts", default="a,b,c", help="the sections to run, e.g. 'a' or 'b' (module docstring)")
     return p
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
+    if not parts or parts - {"a", "b", "c"}:
+        parser.error(f"--parts: sections are a, b, c; got {args.parts!r}")
     if args.device == "cuda":
         import torch
 
@@ -193,59 +317,39 @@ def main(argv: list[str]) -> int:
     try:
         import ray
 
-        from realtime.scale.launch import start_ray
+        from realtime.scale.launch import check_config, start_ray
     except ImportError:
         print("bench scale needs Ray Serve: pip install -e '.[ray]'", file=sys.stderr)
         return 2
     cores, load = os.cpu_count() or 1, os.getloadavg()
-    zeros, model = replica_config("zeros", args), replica_config(args.policy, args)
-    direct_robot = {"device": args.device}
+    try:
+        zeros, model = replica_config("zeros", args), replica_config(args.policy, args)
+        check_config(model, "--cores", 2)
+    except ConfigError as exc:
+        print(f"bench scale: {exc}", file=sys.stderr)
+        return 2
+    split = CoreSplit.of(model) if args.cores else None
+    if split is not None:
+        pin_process(split.rest)  # before Ray starts: its processes inherit it
+    first = split.first if split else None
     port = _free_port()
     start_ray(model, 2, None)
     results: dict[str, Any] = {}
     try:
-        with ours("zeros", args.threads, direct_robot) as direct, serve_app(zeros, 1, port) as proxied:
-            samples = overhead(proxied, direct, examples.libero(0), args.requests, args.blocks)
-        direct_p50, proxy_p50 = _ms(samples["peer"], 50), _ms(samples["ours"], 50)
-        print(
-            f"(a) zeros policy, LIBERO, one robot: direct p50 {direct_p50} ms, through the proxy {proxy_p50} ms"
-        )
-        runs = {}
-        with ours(args.policy, args.threads, direct_robot) as direct:
-            runs["direct"] = throughput(direct, args.clients, args.seconds)
-        with serve_app(model, 1, port) as proxied:
-            runs["1 replica"] = throughput(proxied, args.clients, args.seconds)
-            scale_to(model, 2, proxied)
-            runs["2 replicas"] = throughput(proxied, args.clients, args.seconds)
-            lost, resumed, total = replica_loss(proxied, args.clients)
+        if "a" in parts:
+            results |= proxy_cost(args, zeros, first, port)
+        if parts & {"b", "c"}:
+            results |= replicas_and_loss(args, model, first, port, parts)
     finally:
         ray.shutdown()
-    where = f"{cores} cores" + (", one GPU per replica" if args.device == "cuda" else "")
-    print(f"(b) {args.policy}, {args.clients} robots closed loop, {args.seconds:g} s each, {where}:")
-    print("    server        chunks/s   p50 ms   p99 ms")
-    for name, (rate, latencies, _) in runs.items():
-        print(f"    {name:<12} {rate:9.1f} {_ms(latencies, 50):8.1f} {_ms(latencies, 99):8.1f}")
-    resume_ms = round(max(resumed) * 1000, 1) if resumed else None
-    print(
-        f"(c) one of two replicas killed: {len(resumed)} of {total} robots resumed on the other replica, "
-        f"slowest {resume_ms} ms after the kill; {lost} not served again within {RESUME_DEADLINE_S:g} s"
-    )
-    rate_1, rate_2 = runs["1 replica"][0], runs["2 replicas"][0]
-    results = {
-        "proxy_added_p50_ms": round(proxy_p50 - direct_p50, 2),
-        "throughput_ratio_2_vs_1": round(rate_2 / rate_1, 3) if rate_1 else None,
-        "resume_after_loss_ms": resume_ms,
-        "lost_sessions": lost,
-        "direct_p50_ms": direct_p50,
-        "proxy_p50_ms": proxy_p50,
-        "chunks_per_s": {name: round(rate, 1) for name, (rate, _, _) in runs.items()},
-        "p99_ms": {name: _ms(latencies, 99) for name, (_, latencies, _) in runs.items()},
-        "resumed_after_loss": len(resumed),
+    results |= {
         "clients": args.clients,
         "cores": cores,
+        "replica_cores": args.cores,
         "load_avg_at_start": [round(x, 2) for x in load],
     }
     for key in ("proxy_added_p50_ms", "throughput_ratio_2_vs_1", "resume_after_loss_ms", "lost_sessions"):
-        print(f"{key}: {results[key]}{goal_note('scale', key)}")
+        if key in results:
+            print(f"{key}: {results[key]}{goal_note('scale', key)}")
     print(json.dumps(results))
     return 0

@@ -47,6 +47,11 @@ log = logging.getLogger("realtime.scale.launch")
 
 PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 PROXY_CALLBACK = "realtime.scale.proxy:middlewares"
+# Every websocket message crosses Ray between the proxy and the replica as an object; Ray moves
+# one above 100 KiB (its default) through the object store, which costs a LIBERO observation
+# (300 KB) ~1 ms more per round trip than sending it inline (docs/scaling.md, "The proxy's cost").
+INLINE_OBJECTS_ENV = "RAY_max_direct_call_object_size"
+INLINE_OBJECT_BYTES = 1 << 20
 POLL_S = 0.5
 
 
@@ -130,12 +135,14 @@ def wait_ready(url: str, num_replicas: int, stop: threading.Event, api_key: str 
 
 
 def start_ray(config: DeployConfig, num_replicas: int, ray_address: str | None) -> None:
-    """A local Ray instance sized for ``num_replicas`` replicas (the proxy callback in its
-    environment), or the cluster at ``ray_address``."""
+    """A local Ray instance sized for ``num_replicas`` replicas (the proxy callback and
+    :data:`INLINE_OBJECT_BYTES` in its environment, unless the caller's environment sets them), or
+    the cluster at ``ray_address``."""
     if ray_address is not None:
         ray.init(address=ray_address, logging_level=logging.WARNING)
         return
     os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)  # the local proxy inherits it
+    os.environ.setdefault(INLINE_OBJECTS_ENV, str(INLINE_OBJECT_BYTES))  # so do Ray's processes
     ray.init(
         address="local",
         num_cpus=max(os.cpu_count() or 1, math.ceil(num_replicas * config.replicas.num_cpus)),
