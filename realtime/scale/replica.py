@@ -103,7 +103,7 @@ class RealtimeReplica:
         context = serve.get_replica_context()  # the app's name is Serve's (serve run may rename it)
         self.tag = context.replica_id.unique_id
         set_replica_tag(self.tag)
-        self._pin(context.rank.local_rank)
+        self._pin(context)
         peers = Peers(context.app_name, self.tag, config.replicas.peer_timeout_s)
         self.store = RayCheckpointStore(config.replicas, context.app_name)
         views = ClusterViews(
@@ -124,12 +124,13 @@ class RealtimeReplica:
         log.info("replica built", extra={"replica": self.tag, "kinds": ",".join(config.enabled_kinds())})
         return app
 
-    def _pin(self, rank: int) -> None:
-        """``replicas.cpu_affinity``: this process onto its block of cores (``realtime.scale.cores``),
-        before the models load and start their threads."""
+    def _pin(self, context: Any) -> None:
+        """``replicas.cpu_affinity``: this process onto the block of cores of its node rank
+        (``realtime.scale.cores``), before the models load and start their threads."""
         rc = self.config.replicas
         if rc.cpu_affinity is None:
             return
+        rank = context.rank.local_rank
         block = replica_block(rc.cores(), int(rc.num_cpus), rank)
         if not block:
             log.warning(
