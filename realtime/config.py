@@ -416,6 +416,7 @@ class DuplexConfig:
     max_message_bytes: PositiveInt = 1024 * 1024
     max_input_queue_ms: Annotated[int, _in_range(80, 60_000)] = 2000
     max_invalid_frames: NonNegativeInt = 8  # refused frames in a row that close a socket (1008); 0: off
+    probation_ms: NonNegativeInt = 500  # without a valid client event, a new session's first step
     resume_grace_s: NonNegativeFloat = 30.0  # 0: no resume (a dropped socket ends the session)
     journal_max_events: PositiveInt = 4096
     journal_max_bytes: PositiveInt = 8 * 1024 * 1024

@@ -3,7 +3,9 @@
 One speech model (``models/duplex``) listens and speaks at once and decides turn-taking itself.
 The server clock drives it, not input arrival: one :class:`~sessions.engine.StageEngine` with a
 :class:`~sessions.engine.dispatch.FrameClock` steps **every** open session together in one
-batched forward each 80 ms; a session that sent no audio steps on silence. Admission: the memory
+batched forward each 80 ms; a session that sent no audio steps on silence. A new session steps from
+its client's first valid event, or ``duplex.probation_ms`` after it was created (``start_clock``),
+so sockets that send only garbage and leave cost no model step. Admission: the memory
 plan over the stage's ``state_bytes()``, capped by compute (the step time measured at each batch
 size must fit ``compute_utilisation`` of the period). The parts, one job each:
 
@@ -20,6 +22,8 @@ size must fit ``compute_utilisation`` of the period). The parts, one job each:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Iterator, Mapping
@@ -56,7 +60,9 @@ from realtime.protocols.oai_realtime.wire import new_id
 from sessions.capacity import MemoryDeclaration, paced_capacity, with_compute_limit
 from sessions.engine import StageEngine
 from sessions.engine.dispatch import FrameClock
+from sessions.engine.errors import EngineClosedError, SessionReleasedError
 from sessions.executor import StageExecutor
+from sessions.session import SessionStatus
 
 log = logging.getLogger("realtime.kinds.duplex")
 
@@ -151,6 +157,7 @@ class DuplexService(KindServiceBase):
         self.step_seconds: dict[int, float] = {}
         self.sessions = _States(self)
         self.media = ThreadPoolExecutor(max_workers=1, thread_name_prefix="duplex-opus")
+        self._clock_starts: set[asyncio.Task] = set()  # probation timers' clock starts in flight
         frames = Counter(
             "duplex_input_frames", "input frames stepped, by source", ["source"], registry=ctx.registry
         )
@@ -260,6 +267,28 @@ class DuplexService(KindServiceBase):
         (self._silent_frames if silent else self._client_frames).inc()
 
     # -- sessions -------------------------------------------------------------------------
+    def start_clock_later(self, session_id: str) -> None:
+        """A new session's clock starts at its client's first valid event (the handler calls
+        :meth:`start_clock`), at the latest ``duplex.probation_ms`` after now, attached or not."""
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.config.probation_ms / 1000, self._probation_over, session_id)
+
+    def _probation_over(self, session_id: str) -> None:
+        task = asyncio.create_task(self.start_clock(session_id), name="duplex-clock-start")
+        self._clock_starts.add(task)
+        task.add_done_callback(self._clock_starts.discard)
+
+    async def start_clock(self, session_id: str) -> None:
+        """Give a live session its slot in the stage: the frame clock steps it from the next
+        period on (idempotent; a session released meanwhile, or a stopped engine, is left alone)."""
+        engine, manager = self.engine, self.manager
+        session = manager.find(session_id) if manager is not None else None
+        if engine is None or session is None or session.status is not SessionStatus.ACTIVE:
+            return
+        if not engine.is_open(session_id):
+            with contextlib.suppress(SessionReleasedError, EngineClosedError):
+                await engine.open(session_id)
+
     def new_session(self, conn: Connection, handshake: Handshake, config: SessionConfig) -> DuplexSession:
         c, session = self.config, conn.session
         assert session is not None

@@ -111,19 +111,18 @@ class DuplexHandler:
         if not self.autostart:
             return  # the first event must be session.resume
         try:
-            session = await conn.create_session()
+            await conn.create_session()
         except SessionError as exc:
             await self._direct(conn, Rejected(exc.code, exc.message, type=errors.SERVER_ERROR))
             conn.end("capacity", exc.message)
             return
-        assert self.service.engine is not None
-        await self.service.engine.open(session.session_id)
         ds = self.ds = self.service.new_session(conn, self.handshake, self.config)
         ds.attach(conn, opus=self.audio == OPUS)
         created = de.DuplexSessionCreated(
             ds.session_id, self._expires_at(), self.config, self._capabilities(), ds.resume_token
         )
         ds.emit([created, ev.ConversationCreated(ds.turns.conversation_id)])
+        self.service.start_clock_later(ds.session_id)  # or at the first valid event (``handle``)
 
     async def decode(self, message: str | bytes) -> Any:
         command = await self._decode(message)
@@ -164,6 +163,8 @@ class DuplexHandler:
             await self._before_session(conn, item)
         elif self.ds.owned_by(conn):  # else resumed on another socket: this one ends (_Replaced)
             self.ds.session.touch()
+            if not isinstance(item, Rejected):  # a client of the protocol: its session steps now
+                await self.service.start_clock(self.ds.session_id)
             await self._command(conn, self.ds, item)
         self._checkpoint(conn)
 
@@ -231,6 +232,7 @@ class DuplexHandler:
             session.owner.post(_Replaced(ds.replaced_frame()))
         conn.adopt(session)  # this runner owns the session now (the manager ends its grace)
         self.ds = ds
+        await self.service.start_clock(ds.session_id)  # dropped in its probation: never stepped yet
         ds.resume(conn, item.last_received_server_event_seq, opus=self.audio == OPUS)
 
     async def _restore(self, conn: Connection, item: dc.SessionResume) -> bool:

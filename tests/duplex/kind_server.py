@@ -118,6 +118,12 @@ class Client(Events):
     async def send(self, **event: object) -> None:
         await self.ws.send(json.dumps(event))
 
+    async def start_clock(self) -> None:
+        """A valid event (a heartbeat, answered): the session steps from now on, not only once
+        ``duplex.probation_ms`` has passed (tests that compare sessions' batches need all stepping)."""
+        await self.send(type="session.heartbeat")
+        await self.until("session.heartbeat_ack")
+
     async def append(self, samples: np.ndarray) -> None:
         pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
         await self.send(type="input_audio_buffer.append", audio=base64.b64encode(pcm).decode())

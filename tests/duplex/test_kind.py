@@ -56,6 +56,7 @@ async def test_lockstep_steps_every_session_in_one_batch_each_period(monkeypatch
                 ids = set()
                 for client in (a, b, c):
                     ids.add((await client.next())["session"]["id"])
+                    await client.start_clock()
                 start = len(stage.batches)
                 got = await asyncio.gather(*(client.during(1.2) for client in (a, b, c)))
         batches = stage.batches[start:-2]  # the last steps ran while the sockets closed

@@ -1,11 +1,13 @@
-"""The duplex kind's invalid-frame budget over real websockets (issue 26, isolation): invalid
-frames in a row close the socket 1008 after every typed error, and a socket that sent nothing but
-invalid frames is not kept for a resume, so garbage costs no model steps once it is gone."""
+"""The duplex kind's cost of hostile sockets over real websockets (issue 26, isolation): invalid
+frames in a row close the socket 1008 after every typed error; a socket that sent nothing but
+invalid frames is not kept for a resume; a session steps from its client's first valid event, or
+once its probation is over, so garbage that comes and goes costs no model step at all."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from websockets.exceptions import ConnectionClosed
 
@@ -94,3 +96,38 @@ async def test_a_socket_that_sent_only_invalid_frames_keeps_no_resume_grace(monk
                 async with connect(f"{base}/v1/duplex?autostart=0") as again:
                     await again.send(type="session.resume", session_id=session_id, resume_token=token)
                     assert (await again.until("session.resumed"))[-1]["session_id"] == session_id
+
+
+async def test_a_session_steps_from_its_first_valid_event_or_once_its_probation_is_over(monkeypatch) -> None:
+    async with duplex_server(monkeypatch, speak=lambda step: False, probation_ms=400) as (
+        base,
+        service,
+        stage,
+    ):
+
+        def steps(session_id: str) -> list[float]:
+            return [t for t, sessions, _ in stage.batches if session_id in sessions]
+
+        async with connect(f"{base}/v1/duplex") as garbage:
+            gone = (await garbage.next())["session"]["id"]
+            for frame, _code in INVALID[:3]:
+                await garbage.ws.send(frame)
+            await _error_codes(garbage, 3)
+        assert await _released(service)
+        async with connect(f"{base}/v1/duplex") as client:
+            created = time.monotonic()
+            proven = (await client.next())["session"]["id"]
+            await client.start_clock()
+            await asyncio.sleep(0.2)
+            assert steps(proven) and steps(proven)[0] - created < 0.3, "a valid event starts the clock"
+        opened = time.monotonic()
+        async with connect(f"{base}/v1/duplex") as listener:  # sends nothing: the model speaks first
+            quiet = (await listener.next())["session"]["id"]
+            await asyncio.sleep(0.2)
+            assert not steps(quiet), "still in its probation"
+            for _ in range(100):
+                if steps(quiet):
+                    break
+                await asyncio.sleep(0.02)
+            assert steps(quiet) and steps(quiet)[0] - opened >= 0.4, "it steps once its probation is over"
+        assert not steps(gone), "garbage that left within its probation cost no model step"

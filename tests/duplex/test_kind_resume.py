@@ -192,6 +192,8 @@ async def test_a_stalled_client_does_not_delay_the_other_sessions_frames(monkeyp
                 stalled_id = (await s.next())["session"]["id"]
                 await a.next()
                 await b.next()
+                for client in (s, a, b):
+                    await client.start_clock()
 
                 async def never(_frame: object) -> None:
                     await asyncio.Event().wait()
