@@ -8,8 +8,12 @@
 # `require_cuda` ends the calling script with status 0 and one line when torch finds no CUDA device.
 
 if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
+    # once per machine: a second script sourcing this must not rewrite modules a running one imports
+    if [ ! -e /tmp/site/.installed ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl || exit 1
+        touch /tmp/site/.installed
+    fi
     export PYTHONPATH="/tmp/site:$PWD${FA4_PATH:+:$FA4_PATH}"
 else
     export PYTHONPATH="$PWD${FA4_PATH:+:$FA4_PATH}"
