@@ -560,8 +560,9 @@ def e2e_section(args) -> dict[str, object]:
                 )
                 assert window.start is not None and window.end is not None
                 figures[mode][str(n)] = round(sum(r.fps_in(window.start, window.end) for r in runs), 2)
-                print(f"  {mode}, {n} sessions: measured {window.start - t0:.1f}-{window.end - t0:.1f} s "
-                      f"after the start (every window full from block {steady})")  # fmt: skip
+                print(f"  {mode}, {n} sessions: {figures[mode][str(n)]:.1f} fps in aggregate, measured "
+                      f"{window.start - t0:.1f}-{window.end - t0:.1f} s after the start "
+                      f"(every window full from block {steady})")  # fmt: skip
                 stage_ms[mode][str(n)] = world_stages.breakdown(before, world_stages.scrape(http))
                 print(world_stages.format_breakdown(f"{mode}, {n} sessions", stage_ms[mode][str(n)]))
                 if mode == "batched" and n == 1:
