@@ -146,7 +146,8 @@ def test_every_front_table_command_runs_as_written():
 @pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: p.name)
 def test_every_bench_line_of_the_gpu_scripts_runs_as_written(script):
     lines = [line.split("2>&1")[0] for line in script.read_text().splitlines() if line.startswith("bench ")]
-    assert lines or script.name == "env.sh"
+    # every script runs benches, but env.sh (sourced by them) and training runs of a model module
+    assert lines or script.name == "env.sh" or "python3 -m models." in script.read_text()
     problems = [p for line in lines for p in command_problems(line)]
     problems += [
         f"no {t}" for t in re.findall(r"tests/\S+\.py", script.read_text()) if not (ROOT / t).is_file()
