@@ -152,14 +152,8 @@ class TAEHVDecoder(nn.Module):
 
         Returns frames ``[B, T, 3, 8h, 8w]`` in ``[0, 1]`` (``T = 1 + 4(n - 1)`` if ``state.first``,
         else ``4n``) and the state after them; ``state`` itself is not modified."""
+        state.check_latents(z, self.cfg.latent_channels, self.latent_height, self.latent_width)
         b, t, c, h, w = z.shape
-        if (c, h, w) != (self.cfg.latent_channels, self.latent_height, self.latent_width):
-            raise ValueError(
-                f"latents {tuple(z.shape)}: expected [B, n, {self.cfg.latent_channels}, "
-                f"{self.latent_height}, {self.latent_width}]"
-            )
-        if state.caches[0].shape[0] != b:
-            raise ValueError(f"decoder state holds {state.caches[0].shape[0]} sessions, latents {b}")
         memory = iter(state.caches)
         remembered: list[Tensor] = []
         x = z.reshape(b * t, c, h, w)

@@ -42,6 +42,14 @@ class DecoderState:
     def nbytes(self) -> int:
         return sum(c.numel() * c.element_size() for c in self.caches)
 
+    def check_latents(self, z: Tensor, channels: int, height: int, width: int) -> None:
+        """Refuse latents ``z`` that are not ``[B, n, channels, height, width]`` for this state's
+        ``B`` sessions (a ``ValueError`` saying which)."""
+        if tuple(z.shape[2:]) != (channels, height, width):
+            raise ValueError(f"latents {tuple(z.shape)}: expected [B, n, {channels}, {height}, {width}]")
+        if self.caches[0].shape[0] != z.shape[0]:
+            raise ValueError(f"decoder state holds {self.caches[0].shape[0]} sessions, latents {z.shape[0]}")
+
 
 def decoder_state_bytes(cfg: WorldModelConfig, dtype: torch.dtype) -> int:
     """Bytes of one session's :class:`DecoderState` (without building the decoder)."""

@@ -255,14 +255,7 @@ class WanVAEDecoder(nn.Module):
 
         Returns frames ``[B, T, 3, 8h, 8w]`` in ``[0, 1]`` (``T = 1 + 4(n - 1)`` if ``state.first``,
         else ``4n``) and the state after them; ``state`` itself is not modified."""
-        b, _, c, h, w = z.shape
-        if (c, h, w) != (self.cfg.z_dim, self.latent_height, self.latent_width):
-            raise ValueError(
-                f"latents {tuple(z.shape)}: expected [B, n, {self.cfg.z_dim}, {self.latent_height}, "
-                f"{self.latent_width}]"
-            )
-        if state.caches[0].shape[0] != b:
-            raise ValueError(f"decoder state holds {state.caches[0].shape[0]} sessions, latents {b}")
+        state.check_latents(z, self.cfg.z_dim, self.latent_height, self.latent_width)
         z = z * self.latent_std.view(-1, 1, 1) + self.latent_mean.view(-1, 1, 1)
         caches = _Caches(state)
         x = caches.conv(self.conv_in, self.post_quant_conv(z.transpose(1, 2)))
