@@ -132,27 +132,28 @@ def direct_on(cores: tuple[int, ...] | None, policy: str, threads: int, robot: d
 @contextlib.contextmanager
 def serve_app(config: Any, replicas: int, port: int) -> Iterator[str]:
     """The robot app on Serve with ``replicas`` replicas, ready; yields the proxy's ws:// URL."""
-    from realtime.scale.launch import deploy, undeploy, wait_ready
+    from realtime.scale.launch import undeploy
 
-    url = deploy(config, replicas, "127.0.0.1", port)
-    failure = wait_ready(url, replicas, threading.Event())
-    if failure is not None:
-        raise RuntimeError(f"replicas did not start: {failure}")
+    url = f"ws://127.0.0.1:{port}"
+    scale_to(config, replicas, url)
     try:
-        yield url.replace("http://", "ws://")
+        yield url
     finally:
         undeploy(config)
 
 
 def scale_to(config: Any, replicas: int, url: str) -> None:
+    """Deploy ``replicas`` replicas (a running app is scaled), wait until each is ready, then until
+    the proxy's router has each one's routing report: a replica it has no report of gets no new
+    session (docs/scaling.md), so robots connecting sooner would all land on the older replica."""
     from realtime.scale.launch import deploy, wait_ready
 
     port = int(url.rsplit(":", 1)[1])
-    deploy(config, replicas, "127.0.0.1", port)
-    http = url.replace("ws://", "http://")
+    http = deploy(config, replicas, "127.0.0.1", port)
     failure = wait_ready(http, replicas, threading.Event())
     if failure is not None:
         raise RuntimeError(f"replicas did not start: {failure}")
+    time.sleep(2 * config.replicas.stats_period_s)  # a report reaches every router within two periods
 
 
 def status(url: str) -> dict:

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Issue 28's throughput_ratio_2_vs_1 where each replica has cores of its own (no GPU needed):
+# `realtime bench scale --cores` pins replica r to the r-th block of PER_REPLICA cores of CORES
+# (one torch thread per core), runs the single server on the first block, and itself, its robot
+# clients, Serve's proxy and Ray's other processes on the cores after the two blocks. The whole
+# script stays on CORES, so a GPU job may use the others. About 2 minutes.
+# CORES: default 12-15 (replicas on 12 and 13, the rest on 14-15); PER_REPLICA: default 1.
+# Needs Ray Serve (ray[serve]==2.60.0), which the device machine lacks and whose wheel (79 MB) is
+# over what one call carries: docs/benchmarks-log.md, "CPU box, 2026-12-06 07:22-08:22 UTC".
+# Without it the script says so and ends with status 0.
+# Usage, from the repo root: CORES=12-15 bash realtime/bench/gpu/scale.sh
+source "$(dirname "$0")/env.sh"
+CORES="${CORES:-12-15}"
+PER_REPLICA="${PER_REPLICA:-1}"
+if ! python3 -c "import ray.serve" 2>/dev/null; then
+    echo "scale.sh: Ray Serve is not installed (pip install -e '.[ray]'); nothing to run"
+    exit 0
+fi
+taskset -cp "$CORES" $$ >/dev/null || exit 1
+bench scale --seconds 10 --cores "$CORES" --cpus-per-replica "$PER_REPLICA" --threads "$PER_REPLICA" 2>&1 | tee "$OUT/scale.txt"
