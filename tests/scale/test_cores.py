@@ -66,3 +66,15 @@ def test_too_few_cores_for_the_replicas_is_refused_before_ray_starts():
     check_config(config, "deploy.yaml", 1)
     with pytest.raises(ConfigError, match="replicas.cpu_affinity.*3 cores for 2 replicas"):
         check_config(config, "deploy.yaml", 2)
+
+
+def test_the_scale_bench_keeps_the_rest_of_its_cores_for_the_clients_and_says_when_none_is_left():
+    from realtime.bench.scale import CoreSplit
+
+    def split(cores: str, per: int) -> CoreSplit:
+        return CoreSplit.of(config_from_mapping({"replicas": {"cpu_affinity": cores, "num_cpus": per}}))
+
+    assert split("12-15", 1) == CoreSplit(first=(12,), rest=(14, 15), shared=False)
+    assert split("0-7", 2) == CoreSplit(first=(0, 1), rest=(4, 5, 6, 7), shared=False)
+    assert split("0,1", 1) == CoreSplit(first=(0,), rest=(0, 1), shared=True)
+    assert "none left" in split("0,1", 1).describe()
