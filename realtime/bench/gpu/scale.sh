@@ -6,7 +6,7 @@
 # script stays on CORES, so a GPU job may use the others. About 2 minutes.
 # CORES: default 12-15 (replicas on 12 and 13, the rest on 14-15); PER_REPLICA: default 1.
 # Needs Ray Serve (ray[serve]==2.60.0), which the device machine lacks and whose wheel (79 MB) is
-# over what one call carries: docs/benchmarks-log.md, "CPU box, 2026-12-06 07:22-08:22 UTC".
+# over what one call carries: docs/benchmarks-log.md, "CPU box, 2026-12-06 07:22-08:27 UTC".
 # Without it the script says so and ends with status 0.
 # Usage, from the repo root: CORES=12-15 bash realtime/bench/gpu/scale.sh
 source "$(dirname "$0")/env.sh"
