@@ -51,8 +51,3 @@ def pin_process(cores: tuple[int, ...]) -> None:
             os.sched_setaffinity(int(tid), cores)
         except ProcessLookupError:  # the thread ended meanwhile
             continue
-
-
-def processes_cores() -> tuple[int, ...]:
-    """The cores this process may run on now."""
-    return tuple(sorted(os.sched_getaffinity(0)))
