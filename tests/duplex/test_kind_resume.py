@@ -157,6 +157,7 @@ async def test_a_detached_session_whose_step_inbox_fills_is_released(monkeypatch
     async with duplex_server(monkeypatch, speak=always) as (base, service, _):
         async with connect(f"{base}/v1/duplex") as c:
             created = await c.next()
+            await c.start_clock()  # stepping now, not after the probation
         await asyncio.sleep(1.0)  # 12 steps: over the inbox's 4 long before the 30 s grace
         assert len(service.manager) == 0 and not service.sessions
         async with connect(f"{base}/v1/duplex?autostart=0") as r:
