@@ -145,7 +145,11 @@ def test_every_front_table_command_runs_as_written():
 
 @pytest.mark.parametrize("script", GPU_SCRIPTS, ids=lambda p: p.name)
 def test_every_bench_line_of_the_gpu_scripts_runs_as_written(script):
-    lines = [line.split("2>&1")[0] for line in script.read_text().splitlines() if line.startswith("bench ")]
+    lines = [
+        line.split("2>&1")[0].strip()
+        for line in script.read_text().replace("\\\n", " ").splitlines()  # continuation lines joined
+        if line.strip().startswith("bench ")  # at any indent: a loop's body too
+    ]
     # every script runs benches, but env.sh (sourced by them) and training runs of a model module
     assert lines or script.name == "env.sh" or "python3 -m models." in script.read_text()
     problems = [p for line in lines for p in command_problems(line)]
