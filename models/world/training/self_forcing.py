@@ -58,15 +58,13 @@ from models.world.configs import (
     WorldModelConfig,
     load_model_weights,
     read_config,
-    save_model_weights,
 )
 from models.world.dit import CausalDiT
 from models.world.model import WorldModel
-from models.world.prompts import WordEmbedding, tokenize
+from models.world.prompts import WordEmbedding
 from models.world.sampler import renoise
 from models.world.training.drift import measure_drift
 from models.world.training.sharpness import frame_stats, generated_frames, side_by_side
-from models.world.training.start_frames import render_start_frames
 from models.world.training.train import (
     WEIGHT_DTYPES,
     PatchDiscriminator,
@@ -80,6 +78,7 @@ from models.world.training.train import (
     normalised_encoder,
     optimize,
     train_decoder_on_samples,
+    write_model_file,
 )
 from models.world.vae import CausalDecoder
 
@@ -364,21 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             stage3,
             torch.Generator().manual_seed(args.seed),
         )
-    tensors = {f"dit.{k}": v.float().cpu() for k, v in dit.state_dict().items()}
-    tensors.update({f"decoder.{k}": v.float().cpu() for k, v in dec.state_dict().items()})
-    tensors.update({f"text.{k}": v.float().cpu() for k, v in words.state_dict().items()})
-    if args.start_frames_per_theme:
-        starts = render_start_frames(
-            cfg, normalised_encoder(enc, ae_dec), lambda w: tokenize(w, cfg), args.start_frames_per_theme,
-            device=args.device,
-        )  # fmt: skip
-        tensors.update(starts.tensors())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    save_model_weights(args.out, cfg, tensors, WEIGHT_DTYPES[args.weights_dtype])
-    print(
-        f"wrote {args.out} ({args.out.stat().st_size / 1e6:.2f} MB) total {time.time() - t_start:.0f}s",
-        flush=True,
-    )
+    write_model_file(args, cfg, dit, dec, words, normalised_encoder(enc, ae_dec), t_start)
     if not args.no_report:
         figures = report(args.out, args)
         print("report:", json.dumps(figures), flush=True)

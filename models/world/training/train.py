@@ -474,6 +474,32 @@ def control_response(
     return result
 
 
+def write_model_file(
+    args: argparse.Namespace,
+    cfg: WorldModelConfig,
+    dit: CausalDiT,
+    dec: CausalDecoder,
+    words: WordEmbedding,
+    encode: Callable[[Tensor], Tensor],
+    started: float,
+) -> None:
+    """``args.out``: the DiT, decoder and word table in ``args.weights_dtype``, plus
+    ``args.start_frames_per_theme`` start frames per theme encoded by ``encode``
+    (:func:`normalised_encoder`); prints its size and the time since ``started``."""
+    tensors = {f"dit.{k}": v.float().cpu() for k, v in dit.state_dict().items()}
+    tensors.update({f"decoder.{k}": v.float().cpu() for k, v in dec.state_dict().items()})
+    tensors.update({f"text.{k}": v.float().cpu() for k, v in words.state_dict().items()})
+    if args.start_frames_per_theme:
+        starts = render_start_frames(
+            cfg, encode, lambda w: tokenize(w, cfg), args.start_frames_per_theme, device=args.device
+        )
+        tensors.update(starts.tensors())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save_model_weights(args.out, cfg, tensors, WEIGHT_DTYPES[args.weights_dtype])
+    size = args.out.stat().st_size
+    print(f"wrote {args.out} ({size / 1e6:.2f} MB) total {time.time() - started:.0f}s", flush=True)
+
+
 # WorldModelConfig fields a flag of the same name (dashes for underscores) overrides
 SHAPE_FIELDS = ("latent_channels", "dim", "heads", "depth", "ffn_dim", "decoder_res_levels")
 WEIGHT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -560,19 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     latents = encode_dataset(cfg, enc, dec, data, args.device)
     dit, words = train_dit(cfg, latents, data, args, g)
     dec = train_decoder_on_samples(cfg, dit, words, dec, latents, data, args, g)
-    tensors = {f"dit.{k}": v.float().cpu() for k, v in dit.state_dict().items()}
-    tensors.update({f"decoder.{k}": v.float().cpu() for k, v in dec.state_dict().items()})
-    tensors.update({f"text.{k}": v.float().cpu() for k, v in words.state_dict().items()})
-    if args.start_frames_per_theme:
-        starts = render_start_frames(
-            cfg, normalised_encoder(enc, dec), lambda w: tokenize(w, cfg), args.start_frames_per_theme,
-            device=args.device,
-        )  # fmt: skip
-        tensors.update(starts.tensors())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    save_model_weights(args.out, cfg, tensors, WEIGHT_DTYPES[args.weights_dtype])
-    size = args.out.stat().st_size
-    print(f"wrote {args.out} ({size / 1e6:.2f} MB) total {time.time() - t_start:.0f}s", flush=True)
+    write_model_file(args, cfg, dit, dec, words, normalised_encoder(enc, dec), t_start)
     print("held-out:", json.dumps(heldout_report(cfg, enc, dit, words, dec, args)), flush=True)
     model = WorldModel.from_weights(args.out, slots=9, device=args.device)
     print("control response (px/frame):", control_response(model), flush=True)
