@@ -10,6 +10,9 @@
 # world_train_logs.txt, world_sharpness.png (rows: maze, shipped, the variants), the drift sheets
 # of the best variant and of the shipped weights, and the two best variants' weights.
 #   bash realtime/bench/gpu/world_train.sh
+# Its one H100 run (2026-12-06) fell short of the sharpness goal (two offset-240 variants ran out of
+# memory beside the others; the low-lr EMA runs barely moved); the shipped weights came from the
+# CPU recipe in models/world/weights/README.md (DMD alone, lr 2e-4, no EMA, --max-offset 60).
 source "$(dirname "$0")/env.sh"
 require_cuda
 MINUTES="${MINUTES:-5.5}"
