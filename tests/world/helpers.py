@@ -1,6 +1,9 @@
-"""Small random world models in float64 for exact comparisons, and deterministic actions."""
+"""Small random world models in float64 for exact comparisons, deterministic actions, and the
+config-error check of a world served from files."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -42,3 +45,16 @@ def model_tensors(model: WorldModel) -> dict[str, torch.Tensor]:
 
 def tick(model: WorldModel, sid: str, i: int, prompt: str | None = "stone maze", act=None) -> WorldTick:
     return WorldTick(sid, model.next_block(sid), prompt, action(i) if act is None else act)
+
+
+def serve_exits_2_naming(tmp_path: Path, capsys, world: str, missing: Path) -> None:
+    """``realtime serve`` with the world section ``world`` (YAML flow map) exits 2 with one line
+    that names the ``missing`` file, before any GPU memory is taken."""
+    from realtime.cli import main
+
+    config = tmp_path / "world.yaml"
+    config.write_text(f"robot: {{enabled: false}}\nworld: {{enabled: true, {world}}}\n")
+    assert main(["serve", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(missing) in err and "no such file" in err
+    assert not torch.cuda.is_initialized()

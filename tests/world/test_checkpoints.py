@@ -28,6 +28,7 @@ from models.world.dit import CausalDiT
 from models.world.model import WorldModel, WorldTick
 from models.world.text_encoder import PrecomputedEmbeddings, PromptEmbedder
 from realtime.config import ConfigError, config_from_mapping
+from tests.world.helpers import serve_exits_2_naming
 
 # Self-Forcing's architecture and sampler at a CPU test size (the small causal decoder)
 SMALL = dataclasses.replace(
@@ -216,18 +217,9 @@ def test_the_config_load_checks_every_file_and_names_it(tmp_path, files, monkeyp
 
 
 def test_serve_with_a_missing_checkpoint_exits_2_with_one_line(tmp_path, files, capsys):
-    from realtime.cli import main
-
-    config = tmp_path / "world.yaml"
     missing = tmp_path / "nowhere" / "self_forcing_dmd.pt"
-    config.write_text(
-        f"robot: {{enabled: false}}\nworld: {{enabled: true, model: self-forcing, checkpoint: {missing}, "
-        f"vae: {files[0]}, prompt_embeddings: {files[1]}}}\n"
-    )
-    assert main(["serve", "--config", str(config)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and str(missing) in err and "no such file" in err
-    assert not torch.cuda.is_initialized()
+    world = f"model: self-forcing, checkpoint: {missing}, vae: {files[0]}, prompt_embeddings: {files[1]}"
+    serve_exits_2_naming(tmp_path, capsys, world, missing)
 
 
 @pytest.mark.timeout(120)

@@ -22,6 +22,7 @@ from models.world.taehv import TAEHV, TAEHV_TEST, TAEHVConfig, TAEHVDecoder, loa
 from models.world.taehv import decoder_state_bytes as taehv_state_bytes
 from models.world.vae import split_state, stack_states
 from realtime.config import ConfigError, config_from_mapping
+from tests.world.helpers import serve_exits_2_naming
 from tests.world.test_checkpoints import SMALL, write_embeddings, write_self_forcing
 
 H, W = 2, 3  # latent size of the tests (non-square: a swapped axis fails)
@@ -368,19 +369,13 @@ def test_the_bench_writes_a_random_taehv_file_the_loader_accepts(tmp_path, monke
 
 
 def test_serve_with_a_missing_taehv_file_exits_2_with_one_line(tmp_path, sf_files, capsys, monkeypatch):
-    from realtime.cli import main
-
     monkeypatch.setitem(CHECKPOINT_MODELS, "self-forcing", SMALL_WAN)  # the test-size DiT passes
-
-    config = tmp_path / "world.yaml"
     missing = tmp_path / "nowhere" / "taew2_1.pth"
-    config.write_text(
-        f"robot: {{enabled: false}}\nworld: {{enabled: true, model: self-forcing, checkpoint: {sf_files[0]}, "
-        f"decoder: taehv, vae: {missing}, prompt_embeddings: {sf_files[1]}}}\n"
+    world = (
+        f"model: self-forcing, checkpoint: {sf_files[0]}, decoder: taehv, vae: {missing}, "
+        f"prompt_embeddings: {sf_files[1]}"
     )
-    assert main(["serve", "--config", str(config)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and str(missing) in err and "no such file" in err
+    serve_exits_2_naming(tmp_path, capsys, world, missing)
 
 
 @pytest.mark.gpu
