@@ -3,9 +3,14 @@ config-error check of a world served from files."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
+import websockets
 
 from models.world.configs import TEST, WorldModelConfig
 from models.world.model import WorldModel, WorldTick
@@ -58,3 +63,15 @@ def serve_exits_2_naming(tmp_path: Path, capsys, world: str, missing: Path) -> N
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(missing) in err and "no such file" in err
     assert not torch.cuda.is_initialized()
+
+
+@asynccontextmanager
+async def world_session(url: str, prompt: str = "a red car in the rain") -> AsyncIterator[tuple[Any, dict]]:
+    """A world session (seed 1, fast pacing) on the server at ``url``: its socket and its
+    ``session.created`` event."""
+    ws_url = url.replace("http://", "ws://") + "/v1/realtime/world?protocol_version=1"
+    async with websockets.connect(ws_url, max_size=2**24) as ws:
+        await ws.send(json.dumps({"type": "session.start", "prompt": prompt, "seed": 1, "pacing": "fast"}))
+        created = json.loads(await ws.recv())
+        assert created["type"] == "session.created", created
+        yield ws, created

@@ -28,7 +28,7 @@ from models.world.dit import CausalDiT
 from models.world.model import WorldModel, WorldTick
 from models.world.text_encoder import PrecomputedEmbeddings, PromptEmbedder
 from realtime.config import ConfigError, config_from_mapping
-from tests.world.helpers import serve_exits_2_naming
+from tests.world.helpers import serve_exits_2_naming, world_session
 
 # Self-Forcing's architecture and sampler at a CPU test size (the small causal decoder)
 SMALL = dataclasses.replace(
@@ -226,9 +226,6 @@ def test_serve_with_a_missing_checkpoint_exits_2_with_one_line(tmp_path, files, 
 async def test_a_self_forcing_checkpoint_serves_over_the_world_protocol(tmp_path, files, monkeypatch):
     """The whole path at the test size: config -> embeddings file -> checkpoint -> the world
     pipeline -> JPEG chunks of the config's frame size, the prompt's and a later one's."""
-    import json
-
-    import websockets
 
     from realtime.media.video import decode_jpeg_batch
     from tests.serving import serve_in_process
@@ -248,12 +245,7 @@ async def test_a_self_forcing_checkpoint_serves_over_the_world_protocol(tmp_path
         }
     )
     async with serve_in_process(config) as (url, _running):
-        ws_url = url.replace("http://", "ws://") + "/v1/realtime/world?protocol_version=1"
-        async with websockets.connect(ws_url, max_size=2**24) as ws:
-            start = {"type": "session.start", "prompt": "a red car in the rain", "seed": 1, "pacing": "fast"}
-            await ws.send(json.dumps(start))
-            created = json.loads(await ws.recv())
-            assert created["type"] == "session.created", created
+        async with world_session(url) as (ws, created):
             caps = created["session"]["capabilities"] if "session" in created else created["capabilities"]
             assert (caps["width"], caps["height"]) == (SMALL.frame_width, SMALL.frame_height)
             counts = []

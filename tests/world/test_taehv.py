@@ -22,7 +22,7 @@ from models.world.taehv import TAEHV, TAEHV_TEST, TAEHVConfig, TAEHVDecoder, loa
 from models.world.taehv import decoder_state_bytes as taehv_state_bytes
 from models.world.vae import split_state, stack_states
 from realtime.config import ConfigError, config_from_mapping
-from tests.world.helpers import serve_exits_2_naming
+from tests.world.helpers import serve_exits_2_naming, world_session
 from tests.world.test_checkpoints import SMALL, write_embeddings, write_self_forcing
 
 H, W = 2, 3  # latent size of the tests (non-square: a swapped axis fails)
@@ -317,9 +317,6 @@ def test_the_serving_path_decodes_blocks_with_taehv(sf_files, taehv_file):
 async def test_a_self_forcing_checkpoint_serves_with_taehv_over_the_world_protocol(
     sf_files, taehv_file, monkeypatch
 ):
-    import json
-
-    import websockets
 
     from realtime.media.video import decode_jpeg_batch
     from tests.serving import serve_in_process
@@ -336,12 +333,7 @@ async def test_a_self_forcing_checkpoint_serves_with_taehv_over_the_world_protoc
         }
     )
     async with serve_in_process(config) as (url, _running):
-        ws_url = url.replace("http://", "ws://") + "/v1/realtime/world?protocol_version=1"
-        async with websockets.connect(ws_url, max_size=2**24) as ws:
-            start = {"type": "session.start", "prompt": "a red car in the rain", "seed": 1, "pacing": "fast"}
-            await ws.send(json.dumps(start))
-            created = json.loads(await ws.recv())
-            assert created["type"] == "session.created", created
+        async with world_session(url) as (ws, created):
             counts = []
             while len(counts) < 2:
                 msg = await ws.recv()
