@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -140,10 +141,10 @@ class RMSNorm(nn.Module):
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on ``[B, heads, T, head_dim]`` with tables ``[B, T, head_dim]`` from :func:`rope`:
+    """RoPE on ``[B, T, heads, head_dim]`` with tables ``[B, T, head_dim]`` from :func:`rope`:
     HF Gemma's ``x * cos + rotate_half(x) * sin``, the half swap as a roll and its sign in the
     table (the same products and sums, two kernels fewer)."""
-    return x * cos[:, None] + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin[:, None]
+    return x * cos[:, :, None] + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin[:, :, None]
 
 
 def rope(
@@ -159,13 +160,68 @@ def rope(
     return torch.cat([freqs, freqs], dim=-1).cos().to(dtype), torch.cat([-sin, sin], dim=-1)
 
 
+class KeySpan(NamedTuple):
+    """The keys one kind of call attends in the K/V buffers ``[B, L, kv_heads, head_dim]``, whose
+    rows hold ``[actions | state | prefix]`` with the prefix's valid tokens first: batch row
+    ``b`` attends rows ``[offset, offset + lengths[b])``, one contiguous run, so no mask is needed.
+    ``query_starts`` (``b * T``) and ``key_starts`` (``b * L + offset``) are FlashAttention's
+    ``cu_seqlens`` over the flattened batch; ``flash`` says whether its kernel may run."""
+
+    offset: int
+    lengths: torch.Tensor  # [B] int32
+    query_starts: torch.Tensor  # [B + 1] int32
+    key_starts: torch.Tensor  # [B + 1] int32
+    flash: bool
+
+    @classmethod
+    def of(cls, lengths: torch.Tensor, queries: int, buffer_rows: int, offset: int, flash: bool) -> KeySpan:
+        rows = torch.arange(lengths.shape[0] + 1, dtype=torch.int32, device=lengths.device)
+        return cls(offset, lengths.to(torch.int32), rows * queries, rows * buffer_rows + offset, flash)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, span: KeySpan) -> torch.Tensor:
+    """``q [B, T, heads, head_dim]`` over the buffers ``keys``/``values`` ``[B, L, kv_heads,
+    head_dim]``, each row's queries over its keys of ``span``; returns ``[B, T, heads * head_dim]``.
+
+    FlashAttention's variable-length kernel reads each row's run of keys as they lie (no mask, no
+    copy: a masked call costs about twice as much at pi0's sizes, docs/benchmarks-log.md "pi0's
+    attention kernels"). Where it cannot run (no ``span.flash``: CPU, float32; or under autograd,
+    RTC's guided steps) SDPA reads the same keys under a key mask."""
+    B, T, nh, hd = q.shape
+    L, nkv = keys.shape[1], keys.shape[2]
+    if span.flash and not torch.is_grad_enabled():
+        y = torch.ops.aten._flash_attention_forward(
+            q.reshape(B * T, nh, hd),
+            keys.view(B * L, nkv, hd),
+            values.view(B * L, nkv, hd),
+            span.query_starts,
+            span.key_starts,
+            T,
+            L - span.offset,
+            0.0,
+            False,
+            False,
+            seqused_k=span.lengths,
+        )[0]
+        return y.view(B, T, nh * hd)
+    keys, values = keys[:, span.offset :].transpose(1, 2), values[:, span.offset :].transpose(1, 2)
+    valid = torch.arange(keys.shape[2], device=q.device) < span.lengths[:, None]
+    bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device).masked_fill(~valid, float("-inf"))
+    # the query heads of one K/V head folded into its query rows: the mask is over keys only, so
+    # this is exact, and one head of 8T rows takes the fused kernels that grouped-query attention
+    # under a mask does not
+    folded = q.transpose(1, 2).reshape(B, nkv, nh // nkv * T, hd)
+    y = F.scaled_dot_product_attention(folded, keys, values, attn_mask=bias[:, None, None])
+    return y.view(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd)
+
+
 class GemmaLayer(nn.Module):
     """A Gemma decoder layer whose attention can also read K/V of another stream.
 
-    With ``kv`` (per-layer buffers holding the prefix's K/V and room for this stream's), this
-    stream's K/V are written at ``[start, start + T)`` and attention reads the buffers up to
-    there: no per-step concatenation. ``cond`` makes both norms adaptive (pi0.5's expert), whose
-    gates scale the residual branches."""
+    Its K/V are written into the per-layer buffers ``kv`` at rows ``[start, start + T)`` and its
+    queries attend the rows ``span`` names (:class:`KeySpan`): the prefix reads its own, the
+    expert's tokens the prefix's and theirs, with no per-step concatenation. ``cond`` makes both
+    norms adaptive (pi0.5's expert), whose gates scale the residual branches."""
 
     def __init__(self, width: int, mlp_width: int, c: Pi0Config, cond_width: int = 0) -> None:
         super().__init__()
@@ -181,35 +237,24 @@ class GemmaLayer(nn.Module):
         self,
         x: torch.Tensor,
         rotary: tuple[torch.Tensor, torch.Tensor],
-        bias: torch.Tensor,
-        kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-        start: int = 0,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        start: int,
+        span: KeySpan,
         cond: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """``bias`` ``[B, 1, 1, K]`` is additive over the keys; returns the new ``x`` and this
-        stream's (rotated) K/V."""
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         nh, nkv, hd = self.c.n_head, self.c.n_kv_head, self.c.head_dim
         h, gate = self.input_norm(x, cond)
-        qkv = self.qkv(h).view(B, T, nh + 2 * nkv, hd).transpose(1, 2)
-        q, k = rotate(qkv[:, : nh + nkv], *rotary).split([nh, nkv], dim=1)  # q and k in one pass
-        v = qkv[:, nh + nkv :]
-        keys, values = k, v
-        if kv is not None:
-            kv[0][:, :, start : start + T] = k
-            kv[1][:, :, start : start + T] = v
-            keys, values = kv[0][:, :, : start + T], kv[1][:, :, : start + T]
-        # the query heads of one K/V head folded into its query rows: every mask here is over
-        # keys only, so this is exact, and one head of 8T rows takes the fused kernels that
-        # grouped-query attention under a mask does not
-        q = q.reshape(B, nkv, nh // nkv * T, hd)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias).view(B, nh, T, hd)
-        y = self.out(y.transpose(1, 2).reshape(B, T, nh * hd))
+        qkv = self.qkv(h).view(B, T, nh + 2 * nkv, hd)
+        q, k = rotate(qkv[:, :, : nh + nkv], *rotary).split([nh, nkv], dim=2)  # q and k in one pass
+        kv[0][:, start : start + T] = k
+        kv[1][:, start : start + T] = qkv[:, :, nh + nkv :]
+        y = self.out(attend(q, *kv, span))
         x = x + (y if gate is None else y * gate)
         h, gate = self.post_attention_norm(x, cond)
         g, u = self.gate_up(h).chunk(2, dim=-1)
         y = self.down(F.gelu(g, approximate="tanh") * u)
-        return x + (y if gate is None else y * gate), (k, v)
+        return x + (y if gate is None else y * gate)
 
 
 class VisionLayer(nn.Module):
@@ -270,20 +315,23 @@ def flow_times(steps: int) -> list[float]:
     return times
 
 
-def key_bias(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[B, K]`` bool (True = attend) -> an additive bias ``[B, 1, 1, K]`` of ``dtype``."""
-    bias = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
-    return bias.masked_fill(~valid, float("-inf"))[:, None, None]
+def pack_valid_first(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x [B, P, W]`` with each row's ``mask``-valid tokens moved to the front, in their order,
+    the others after them."""
+    before = mask.cumsum(1) - 1  # a valid token's index among the valid ones
+    others = mask.sum(1, keepdim=True) + torch.arange(mask.shape[1], device=mask.device) - before - 1
+    rows = torch.where(mask, before, others)
+    return torch.empty_like(x).scatter_(1, rows[..., None].expand_as(x), x)
 
 
 @dataclass
 class PrefixCache:
-    """One tick's step-invariant state: per-layer K/V buffers ``[B, kv_heads, P + S + H,
-    head_dim]`` (the prefix, pi0's state token, then room for the action tokens), the action
-    queries' attention bias and their rotary tables."""
+    """One tick's step-invariant state: per-layer K/V buffers ``[B, H + S + P, kv_heads,
+    head_dim]`` (room for the action tokens, pi0's state token, then the prefix, valid tokens
+    first), the action queries' keys and their rotary tables."""
 
     kv: list[tuple[torch.Tensor, torch.Tensor]]
-    bias: torch.Tensor
+    span: KeySpan
     rotary: tuple[torch.Tensor, torch.Tensor]
 
 
@@ -323,7 +371,21 @@ class Pi0(nn.Module):
                     nn.init.ones_(m.weight)
                 elif isinstance(m, RMSNorm) and hasattr(m, "modulation"):  # adaRMS gates open
                     nn.init.ones_(m.modulation.bias.view(3, -1)[2])
+        self.attention = "auto"  # or "sdpa": the masked kernel everywhere (the bench's comparison)
         self.eval()
+
+    def flash_attention(self) -> bool:
+        """Whether :func:`attend` takes FlashAttention's variable-length kernel: ``attention`` is
+        ``auto`` and the stacks are half precision on a GPU that has it (sm80+, head dim <= 256)."""
+        w = self.token_embedding.weight
+        return (
+            self.attention == "auto"
+            and w.is_cuda
+            and w.dtype in (torch.float16, torch.bfloat16)
+            and self.config.head_dim <= 256
+            and torch.backends.cuda.is_flash_attention_available()
+            and torch.cuda.get_device_capability(w.device)[0] >= 8
+        )
 
     def float32_parameters(self) -> Iterator[nn.Parameter]:
         """The parameters openpi keeps in float32 whatever the model's dtype."""
@@ -376,33 +438,33 @@ class Pi0(nn.Module):
 
     def prefix_cache(self, emb: torch.Tensor, mask: torch.Tensor, state: torch.Tensor) -> PrefixCache:
         """Run the prefix once (bidirectional over valid tokens) and, for pi0, the state token;
-        keep their K/V for the flow steps."""
+        keep their K/V for the flow steps. The prefix runs packed, valid tokens first: their
+        positions (which count valid tokens only) are then ``0 .. n - 1`` and every row's keys
+        one run of the buffers."""
         c = self.config
         B, P, _ = emb.shape
         S, H = c.state_tokens, c.action_horizon
-        positions = mask.cumsum(1) - 1
+        rows, flash = H + S + P, self.flash_attention()
+        valid = mask.sum(1)
+        positions = torch.arange(P, device=mask.device).expand(B, P)
         rotary = rope(positions, c.head_dim, c.rope_theta, emb.dtype)
-        bias = key_bias(mask, emb.dtype)
-        kv = []
-        x = emb
-        for layer in self.prefix_layers:
-            x, (k, v) = layer(x, rotary, bias)
-            buffers = (
-                k.new_zeros(B, k.shape[1], P + S + H, k.shape[3]),
-                v.new_zeros(B, v.shape[1], P + S + H, v.shape[3]),
-            )
-            buffers[0][:, :, :P], buffers[1][:, :, :P] = k, v
-            kv.append(buffers)
-        suffix_positions = mask.sum(1, keepdim=True) + torch.arange(S + H, device=mask.device)
+        # every row a span reads is written before it is read
+        kv = [
+            tuple(emb.new_empty(B, rows, c.n_kv_head, c.head_dim) for _ in "kv") for _ in self.prefix_layers
+        ]
+        x, span = pack_valid_first(emb, mask), KeySpan.of(valid, P, rows, H + S, flash)
+        for layer, buffers in zip(self.prefix_layers, kv, strict=True):
+            x = layer(x, rotary, buffers, H + S, span)
+        suffix_positions = valid[:, None] + torch.arange(S + H, device=mask.device)
         cos, sin = rope(suffix_positions, c.head_dim, c.rope_theta, emb.dtype)
-        ones = torch.ones(B, S + H, dtype=torch.bool, device=mask.device)
         if S:  # pi0's state token: attends the prefix and itself, never the actions
-            x = self.state_proj(state.float())[:, None, :].to(emb.dtype)
-            state_bias = key_bias(torch.cat([mask, ones[:, :S]], dim=1), emb.dtype)
+            x, span = (
+                self.state_proj(state.float())[:, None, :].to(emb.dtype),
+                KeySpan.of(valid + S, S, rows, H, flash),
+            )
             for layer, buffers in zip(self.expert_layers, kv, strict=True):
-                x, _ = layer(x, (cos[:, :S], sin[:, :S]), state_bias, buffers, P)
-        action_bias = key_bias(torch.cat([mask, ones], dim=1), emb.dtype)
-        return PrefixCache(kv, action_bias, (cos[:, S:], sin[:, S:]))
+                x = layer(x, (cos[:, :S], sin[:, :S]), buffers, H, span)
+        return PrefixCache(kv, KeySpan.of(valid + S + H, H, rows, 0, flash), (cos[:, S:], sin[:, S:]))
 
     def velocity(self, cache: PrefixCache, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The action expert: v(x_t, t) ``[B, H, action_dim]`` float32 given the cached prefix."""
@@ -418,16 +480,15 @@ class Pi0(nn.Module):
             x = torch.cat([actions, time[:, None, :].expand(B, H, -1)], dim=-1)
             x = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(x)))
         x = x.to(self.dtype)
-        start = cache.kv[0][0].shape[2] - H
         for layer, buffers in zip(self.expert_layers, cache.kv, strict=True):
-            x, _ = layer(x, cache.rotary, cache.bias, buffers, start, cond)
+            x = layer(x, cache.rotary, buffers, 0, cache.span, cond)
         x, _ = self.expert_norm(x, cond)
         return self.action_out_proj(x.float())
 
     @torch.no_grad()
     def sample(self, cache: PrefixCache, guide: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         """The Euler steps from the seeded noise; ``guide`` = (target, weights, max_weight) for RTC."""
-        B = cache.bias.shape[0]
+        B = cache.span.lengths.shape[0]
         dt = float(np.float32(-1.0 / self.config.num_steps))
         x = self.noise.expand(B, -1, -1).clone()
         for t in flow_times(self.config.num_steps):

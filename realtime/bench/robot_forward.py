@@ -1,10 +1,13 @@
-"""Section (f) of ``realtime bench robot``: the policy's forward alone, compiled or not.
+"""Section (f) of ``realtime bench robot``: the policy's forward alone, compiled or not, and
+its attention kernel.
 
 What a robot tick costs on the device without the server around it: the served policy
 (``realtime.kinds.robot.build_policy``, warmed up as the server warms it: CUDA graphs per bucket)
 replays its forward on LIBERO observations at each batch size of ``--forward-batches``, timed with
-CUDA events (median of ``reps`` replays after warm-up). Both ``robot.compile`` settings are built
-in the same process, so their ratio compares like with like on one device. MFU is the forward's
+CUDA events (median of ``reps`` replays after warm-up). Three policies are built in the same
+process, so their ratios compare like with like on one device: uncompiled, compiled with the
+masked SDPA attention kernel (``Pi0.attention = "sdpa"``, the model before its keys were packed)
+and compiled as served (FlashAttention's variable-length kernel over packed keys where it runs). MFU is the forward's
 FLOPs (``torch.utils.flop_counter`` over one eager forward: the matmuls and attention) per second
 over the dense bf16 peak (``--peak-tflops``).
 
@@ -12,8 +15,9 @@ over the dense bf16 peak (``--peak-tflops``).
 grouped by kind (GEMM, attention, normalisation, elementwise, copies), the split that says
 where a forward's time goes.
 
-JSON keys: ``forward_ms_N`` (compiled: the served default on CUDA) and ``forward_ms_N_eager``,
-``compile_speedup_N``, ``tflop_N``, ``mfu_N`` (of the compiled forward).
+JSON keys: ``forward_ms_N`` (compiled: the served default on CUDA), ``forward_ms_N_eager``,
+``forward_ms_N_masked``, ``compile_speedup_N`` (uncompiled / served), ``packed_speedup_N``
+(masked / served), ``tflop_N``, ``mfu_N`` (of the served forward).
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ import torch
 from realtime.bench import examples
 
 
-def _policy(config: Any, compile_layers: bool, max_batch: int) -> Any:
+def _policy(config: Any, compile_layers: bool, max_batch: int, attention: str = "auto") -> Any:
     from realtime.kinds.robot import build_policy
 
     policy = build_policy(replace(config, compile=compile_layers, max_batch=max_batch))
+    policy.model.attention = attention
     policy.warmup(max_batch)
     return policy
 
@@ -103,10 +108,11 @@ def forward_section(
     results: dict[str, Any] = {}
     policies = {
         "eager": _policy(config, False, max(batches)),
+        "masked": _policy(config, True, max(batches), attention="sdpa"),
         "compiled": _policy(config, True, max(batches)),
     }
     print(f"(f) {config.policy} forward alone, CUDA graphs, LIBERO; median of {reps} replays")
-    print("  batch | uncompiled ms | compiled ms | speedup | TFLOP | MFU (compiled)")
+    print("  batch | uncompiled ms | compiled, masked ms | compiled ms | speedups | TFLOP | MFU (compiled)")
     for n in batches:
         ms = {}
         for name, policy in policies.items():
@@ -114,13 +120,16 @@ def forward_section(
             ms[name] = _median_ms(lambda p=policy, a=args: p.graphs(*a), reps)
         flops = _flops(policies["eager"], _args(policies["eager"], n))
         mfu = flops / (ms["compiled"] / 1000) / (peak_tflops * 1e12)
+        speedups = ms["eager"] / ms["compiled"], ms["masked"] / ms["compiled"]
         print(
-            f"  {n:5d} | {ms['eager']:13.2f} | {ms['compiled']:11.2f} | {ms['eager'] / ms['compiled']:7.2f} "
-            f"| {flops / 1e12:5.2f} | {mfu:.3f}"
+            f"  {n:5d} | {ms['eager']:13.2f} | {ms['masked']:18.2f} | {ms['compiled']:11.2f} "
+            f"| {speedups[0]:.2f}, {speedups[1]:.2f} | {flops / 1e12:5.2f} | {mfu:.3f}"
         )
         results[f"forward_ms_{n}"] = round(ms["compiled"], 2)
         results[f"forward_ms_{n}_eager"] = round(ms["eager"], 2)
-        results[f"compile_speedup_{n}"] = round(ms["eager"] / ms["compiled"], 3)
+        results[f"forward_ms_{n}_masked"] = round(ms["masked"], 2)
+        results[f"compile_speedup_{n}"] = round(speedups[0], 3)
+        results[f"packed_speedup_{n}"] = round(speedups[1], 3)
         results[f"tflop_{n}"] = round(flops / 1e12, 3)
         results[f"mfu_{n}"] = round(mfu, 3)
         for name, policy in policies.items() if profile_kernels else ():

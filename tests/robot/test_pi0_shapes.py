@@ -93,6 +93,35 @@ def test_compiled_layers_under_cuda_graphs_equal_the_eager_forward(pi05):
     assert guided.shape == got[0].shape and np.isfinite(guided).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi0.5"])
+def test_flash_attention_over_packed_keys_equals_the_masked_kernel(pi05):
+    """In bf16 on a GPU the layers take FlashAttention's variable-length kernel over each row's
+    run of keys (no mask); it gives the masked SDPA kernel's chunks, eagerly and compiled under
+    CUDA graphs, for rows with a camera missing and prompts of every length."""
+    config = replace(PI0_TINY, pi05=pi05, dtype="bfloat16")
+    compiled = Pi0Policy(config, preset="libero", device="cuda", compile=True)
+    eager = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False)
+    masked = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False)
+    masked.model.attention = "sdpa"
+    assert eager.model.flash_attention() and not masked.model.flash_attention()
+    compiled.warmup(8)
+    observations = [examples.libero(seed=s) for s in range(3)]
+    observations[1] = {**observations[1], "prompt": "pick " * 40}  # cut at the prompt length
+    observations[2] = {**observations[2], "prompt": ""}
+    want = masked.infer([masked.prepare(o) for o in observations], [None] * 3)
+    for policy in (compiled, eager):
+        got = policy.infer([policy.prepare(o) for o in observations], [None] * 3)
+        for a, b in zip(got, want, strict=True):
+            assert np.abs(a - b).max() <= 2e-2 * np.abs(b).max()
+    state = compiled.new_state()  # an RTC-guided batch (autograd: the masked kernel) still runs
+    state.commit(want[0], 0.05, now=0.0)
+    prepared = compiled.prepare({**examples.libero(seed=0), "rtc": {"executed_steps": 5}})
+    guided = compiled.infer([prepared], [state.snapshot(prepared, now=0.1)])[0]
+    assert guided.shape == want[0].shape and np.isfinite(guided).all()
+
+
 @pytest.mark.parametrize("config", [PI0, PI05], ids=["pi0", "pi0.5"])
 def test_a_real_size_checkpoint_layout_spells_back_the_real_config(config):
     """openpi's parameter names and shapes at the real sizes (on the meta device: no memory)
