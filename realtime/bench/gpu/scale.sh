@@ -6,14 +6,29 @@
 # script stays on CORES, so a GPU job may use the others. About 2 minutes.
 # CORES: default 12-15 (replicas on 12 and 13, the rest on 14-15); PER_REPLICA: default 1.
 # Needs Ray Serve (ray[serve]==2.60.0), which the device machine lacks and whose wheel (79 MB) is
-# over what one call carries: docs/benchmarks-log.md, "CPU box, 2026-12-06 07:22-08:27 UTC".
-# Without it the script says so and ends with status 0.
+# over what one call carries: ray_bundle.sh (its header gives the two calls) builds a bundle of it
+# whose part 1 a first call copies to /tmp/raypart/; here the parts (the rest in .rayb/, if any)
+# are joined, checked, extracted once into /tmp/site-ray and put on PYTHONPATH.
+# Without Ray Serve the script says so and ends with status 0.
 # Usage, from the repo root: CORES=12-15 bash realtime/bench/gpu/scale.sh
 source "$(dirname "$0")/env.sh"
+ray_parts() {
+    cat /tmp/raypart/ray.tar.xz.a? $(compgen -G ".rayb/ray.tar.xz.a?")
+}
+if [ ! -e /tmp/site-ray/.extracted ] && [ -e /tmp/raypart/ray.tar.xz.sha256 ]; then
+    if [ "$(ray_parts | sha256sum | cut -d' ' -f1)" != "$(cut -d' ' -f1 /tmp/raypart/ray.tar.xz.sha256)" ]; then
+        echo "scale.sh: the Ray bundle's parts do not match its sum (was .rayb carried?)"
+        exit 1
+    fi
+    rm -rf /tmp/site-ray.part && mkdir -p /tmp/site-ray.part
+    ray_parts | xz -d | tar xf - -C /tmp/site-ray.part || exit 1
+    touch /tmp/site-ray.part/.extracted && mv /tmp/site-ray.part /tmp/site-ray
+fi
+[ -e /tmp/site-ray/.extracted ] && export PYTHONPATH="$PYTHONPATH:/tmp/site-ray"
 CORES="${CORES:-12-15}"
 PER_REPLICA="${PER_REPLICA:-1}"
 if ! python3 -c "import ray.serve" 2>/dev/null; then
-    echo "scale.sh: Ray Serve is not installed (pip install -e '.[ray]'); nothing to run"
+    echo "scale.sh: Ray Serve is not installed (pip install -e '.[ray]'; on the device: ray_bundle.sh); nothing to run"
     exit 0
 fi
 taskset -cp "$CORES" $$ >/dev/null || exit 1
