@@ -8,7 +8,7 @@
 # (the image's own) and less what .whl/ carries (starlette,
 # uvicorn, websockets, ...). Installed into one folder, stripped of what `realtime bench scale`
 # never loads (strip_tree), tar'd, `xz -9e`, split: .raya/ holds part 1 (<= PART_BYTES) and the
-# sum of the whole, .rayb/ the rest if any (none for 2.60.0: the bundle is ~38 MB).
+# sum of the whole, .rayb/ the rest if any (none for 2.60.0: the bundle is 35.6 MB).
 #
 # On the device, two calls back to back (the machine stays warm between them; /tmp persists):
 #   call 1: carry [".raya"], command `mkdir -p /tmp/raypart && cp .raya/* /tmp/raypart/`

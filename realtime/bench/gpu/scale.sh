@@ -27,8 +27,8 @@ fi
 [ -e /tmp/site-ray/.extracted ] && export PYTHONPATH="$PYTHONPATH:/tmp/site-ray"
 CORES="${CORES:-12-15}"
 PER_REPLICA="${PER_REPLICA:-1}"
-if ! python3 -c "import ray.serve" 2>/dev/null; then
-    echo "scale.sh: Ray Serve is not installed (pip install -e '.[ray]'; on the device: ray_bundle.sh); nothing to run"
+if ! err="$(python3 -c "import ray.serve" 2>&1)"; then
+    echo "scale.sh: Ray Serve is not installed (pip install -e '.[ray]'; on the device: ray_bundle.sh): ${err##*$'\n'}; nothing to run"
     exit 0
 fi
 taskset -cp "$CORES" $$ >/dev/null || exit 1
