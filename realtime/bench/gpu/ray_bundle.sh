@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Builds the Ray Serve bundle that lets scale.sh run on the device machine, whose image lacks Ray
 # and whose carry (64 MiB a call) cannot take Ray's 79 MB wheel. Runs HERE, on the dev machine
-# (pip reaching the package registry, xz, ~500 MB under /tmp, ~4 minutes of two cores at nice 19).
+# (pip reaching the package registry, xz, ~500 MB under /tmp, ~3.5 minutes at nice 19).
 #
 # What it holds: ray[serve]==$RAY_VERSION and the packages of its dependency closure (as pip
 # resolves it for CPython 3.12, manylinux x86_64) that the device image lacks: less DEVICE_HAS
-# (the image's own) and less what .whl/ carries (starlette,
-# uvicorn, websockets, ...). Installed into one folder, stripped of what `realtime bench scale`
+# (the image's own) and less what .whl/ carries (starlette, uvicorn, websockets, ...). Installed into one folder, stripped of what `realtime bench scale`
 # never loads (strip_tree), tar'd, `xz -9e`, split: .raya/ holds part 1 (<= PART_BYTES) and the
 # sum of the whole, .rayb/ the rest if any (none for 2.60.0: the bundle is 35.6 MB).
 #
