@@ -19,6 +19,7 @@ set -euo pipefail
 
 RAY_VERSION=2.60.0
 PART_BYTES=50000000
+DEVICE_GRPCIO=1.84.0
 # Packages of ray[serve]'s closure that the device image holds (its package list as of 2026-11-17).
 # A dependency missing here is bundled, which costs bytes, never a failed import.
 DEVICE_HAS="aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi charset-normalizer
@@ -51,7 +52,10 @@ strip_tree() {
     find "$site" -name '*.pyi' -delete
 }
 
-nice -n 19 python3 -m pip download -q "${TARGET[@]}" -d "$WORK/wheels" "ray[serve]==$RAY_VERSION"
+# grpcio pinned to the image's own: generated gRPC code (grpcio-reflection) newer than the grpcio
+# it runs on refuses to import (1.85.1 over the image's 1.84.0 did)
+nice -n 19 python3 -m pip download -q "${TARGET[@]}" -d "$WORK/wheels" "ray[serve]==$RAY_VERSION" \
+    "grpcio==$DEVICE_GRPCIO"
 skip=" $(echo $DEVICE_HAS $NOT_NEEDED) "
 for wheel in .whl/*.whl; do
     [ -e "$wheel" ] && skip+="$(project "$wheel") "
