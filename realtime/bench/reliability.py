@@ -65,6 +65,7 @@ from websockets.sync.client import connect
 from realtime.bench import hostile
 from realtime.bench.goals import GOALS
 from realtime.protocols import openpi
+from realtime.scale.cores import parse_cpu_list
 
 KINDS = ("robot", "world", "echo", "voice", "duplex")
 EXIT_SLACK_S = 3.0  # process teardown after the drain: kinds stop, the interpreter exits
@@ -99,8 +100,10 @@ def deploy_config(kinds: tuple[str, ...], shutdown_timeout_s: float, small: bool
 class ServerProcess:
     """``realtime serve`` in a child process on an ephemeral port, its log in ``workdir``."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
+    def __init__(self, config: dict[str, Any], workdir: Path, cores: tuple[int, ...] = ()) -> None:
+        """``cores``: the server process and its threads confined to them (none: not pinned)."""
         self.workdir = workdir
+        self.cores = cores
         self.config_path = workdir / "deploy.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = workdir / "server.log"
@@ -115,6 +118,8 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
         )
+        if self.cores:  # before the interpreter starts any thread: they all inherit it
+            os.sched_setaffinity(self.proc.pid, self.cores)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             match = READY.search(self.log())
@@ -718,6 +723,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shutdown-timeout", type=float, default=10.0, help="server.shutdown_timeout_s")
     parser.add_argument("--small", action="store_true", help="the test-sized world and duplex models")
     parser.add_argument("--workdir", help="where the config and the server log go (default: a temp dir)")
+    parser.add_argument(
+        "--server-cores",
+        type=parse_cpu_list,
+        default=(),
+        help="a CPU list: the server on these cores, the bench and every client it runs (the "
+        "attackers too) on the rest of its own, as when clients run on other machines",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("websockets").setLevel(logging.CRITICAL)  # our clients' own view of resets
     kinds = tuple(k for k in args.kinds.split(",") if k)
@@ -728,7 +740,16 @@ def main(argv: list[str]) -> int:
             Path(args.workdir) if args.workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         )
         workdir.mkdir(parents=True, exist_ok=True)
-        server = ServerProcess(deploy_config(kinds, args.shutdown_timeout, args.small), workdir)
+        server = ServerProcess(
+            deploy_config(kinds, args.shutdown_timeout, args.small), workdir, args.server_cores
+        )
+        if args.server_cores:
+            own = os.sched_getaffinity(0)
+            if not set(args.server_cores) <= own:
+                parser.error(f"--server-cores: this bench may run on cores {sorted(own)} only")
+            if not own - set(args.server_cores):
+                parser.error("--server-cores leaves the bench no core of its own")
+            os.sched_setaffinity(0, own - set(args.server_cores))
         stack.callback(server.stop)
         print(
             f"realtime bench reliability: kinds {','.join(kinds)}; parts {','.join(sorted(parts))}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"

@@ -13,6 +13,8 @@ quiet machine, not this test's. The voice kind (a 40-70 s model load) runs in th
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +49,24 @@ def test_ci_sized_reliability_run(tmp_path, capsys):
     assert set(figures["sigterm_closes"].values()) == {1001}, context
     assert figures["sigterm_exit_s"] <= BOUND_S + reliability.EXIT_SLACK_S, context
     assert status == 0, context
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pinning needs Linux")
+def test_server_cores_pins_the_server_and_every_thread_it_starts(tmp_path):
+    """``--server-cores``: the server process, and each thread it starts, on those cores only."""
+    core = max(os.sched_getaffinity(0))
+    server = reliability.ServerProcess(reliability.deploy_config(("echo",), BOUND_S, True), tmp_path, (core,))
+    try:
+        server.start()
+        tasks = Path(f"/proc/{server.proc.pid}/task")
+        assert {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(tasks)} == {frozenset({core})}
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("cores", ["100000", "all"], ids=["a core it may not use", "all of its cores"])
+def test_server_cores_that_leave_the_bench_nothing_are_refused(cores, capsys):
+    own = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    with pytest.raises(SystemExit) as exit_:
+        reliability.main(["--parts", "isolation", "--server-cores", own if cores == "all" else cores])
+    assert exit_.value.code == 2 and "--server-cores" in capsys.readouterr().err

@@ -3,16 +3,21 @@
 # (the figure is a ratio of two p99s and noisy): `realtime bench reliability --parts isolation`
 # RUNS times (default 3), each with a fresh server, robot, world, echo and both duplex routes
 # attacked, as reliability.sh runs it. No GPU is used. About 1.5 minutes a run.
-# Usage, from the repo root: bash realtime/bench/gpu/isolation.sh [CORES] [RUNS] (default 0,1 and 3)
-if [ -z "$RELIABILITY_PINNED" ]; then  # the whole script, children included, on CORES
-    RELIABILITY_PINNED=1 exec taskset -c "${1:-0,1}" bash "$0" "$@"
+# With CLIENT_CORES the server alone gets CORES (`--server-cores`) and the bench, its robot, its
+# probe and every attacker run on CLIENT_CORES, as clients on other machines would: the server's
+# isolation without the attackers' own CPU on its cores. Without it everything shares CORES.
+# Usage, from the repo root: bash realtime/bench/gpu/isolation.sh [CORES] [RUNS] [CLIENT_CORES]
+# (default 0,1, 3 and none)
+if [ -z "$RELIABILITY_PINNED" ]; then  # the whole script, children included, on CORES (and CLIENT_CORES)
+    RELIABILITY_PINNED=1 exec taskset -c "${1:-0,1}${3:+,$3}" bash "$0" "$@"
 fi
 source "$(dirname "$0")/env.sh"
 python3 -c "import os; print('cores visible:', sorted(os.sched_getaffinity(0)), 'of', os.cpu_count())"
 for run in $(seq "${2:-3}"); do
     echo "== isolation run $run, $(date -u +%H:%M:%S) UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
-    bench reliability --kinds robot,world,echo,duplex --parts isolation --isolation-seconds 20 2>&1 \
-        | tee -a "$OUT/isolation.txt" | grep -E "isolation:|isolation_p99_ratio|healthz_p99_ms"
+    bench reliability --kinds robot,world,echo,duplex --parts isolation --isolation-seconds 20 \
+        ${3:+--server-cores "${1:-0,1}"} 2>&1 | tee -a "$OUT/isolation.txt" \
+        | grep -E "isolation:|isolation_p99_ratio|healthz_p99_ms"
 done
 grep '^{' "$OUT/isolation.txt" | python3 -c "
 import json, sys
