@@ -8,21 +8,23 @@
 # `require_cuda` ends the calling script with status 0 and one line when torch finds no CUDA device.
 
 # FlashAttention-4 in two carries (docs/benchmarks-log.md, "world: FlashAttention-4"): a first call
-# copies .fa4a/part_aa to /tmp/fa4p/, the next carries .fa4b/part_ab; joined and unpacked once.
-if [ -z "$FA4_PATH" ] && [ -e /tmp/fa4p/part_aa ] && compgen -G ".fa4b/part_a*" >/dev/null; then
-    if [ ! -e /tmp/fa4site/.unpacked ]; then
-        mkdir -p /tmp/fa4site && cat /tmp/fa4p/part_aa .fa4b/part_a* | xz -d | tar xf - -C /tmp/fa4site || exit 1
-        touch /tmp/fa4site/.unpacked
-    fi
+# copies .fa4a/part_aa to /tmp/fa4p/, the next carries .fa4b/part_ab; joined and unpacked once,
+# and used by every later call on the same machine.
+if [ ! -e /tmp/fa4site/.unpacked ] && [ -e /tmp/fa4p/part_aa ] && compgen -G ".fa4b/part_a*" >/dev/null; then
+    mkdir -p /tmp/fa4site && cat /tmp/fa4p/part_aa .fa4b/part_a* | xz -d | tar xf - -C /tmp/fa4site || exit 1
+    touch /tmp/fa4site/.unpacked
+fi
+if [ -z "$FA4_PATH" ] && [ -e /tmp/fa4site/.unpacked ]; then
     FA4_PATH="/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages"
 fi
-if compgen -G ".whl/*.whl" >/dev/null; then
-    # once per machine: a second script sourcing this must not rewrite modules a running one imports
-    if [ ! -e /tmp/site/.installed ]; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/site .whl/*.whl || exit 1
-        touch /tmp/site/.installed
-    fi
+# once per machine: a second script sourcing this must not rewrite modules a running one imports;
+# a later call that cannot carry .whl beside something larger (FA4's second part) reuses it
+if compgen -G ".whl/*.whl" >/dev/null && [ ! -e /tmp/site/.installed ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    touch /tmp/site/.installed
+fi
+if [ -e /tmp/site/.installed ]; then
     export PYTHONPATH="/tmp/site:$PWD${FA4_PATH:+:$FA4_PATH}"
 else
     export PYTHONPATH="$PWD${FA4_PATH:+:$FA4_PATH}"
