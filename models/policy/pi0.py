@@ -23,6 +23,9 @@ layer reads that layer's prefix K/V plus its own (joint attention, openpi's "cau
            ``silu(time_mlp_out(silu(time_mlp_in(time))))``); the state arrives as text tokens
            in the prompt (``models.policy.processing``).
     -> final (ada)RMSNorm -> ``action_out_proj`` -> velocity v = noise - action (float32).
+Attention reads per-layer K/V buffers laid out ``[actions | state | prefix]``, the prefix packed
+valid tokens first, so each row's keys are one contiguous run (:class:`KeySpan`): on a GPU in half
+precision FlashAttention's variable-length kernel reads them with no mask (:func:`attend`).
 Flow matching: x_1 = noise, then 10 Euler steps ``x += dt * v(x, t)``, dt = -0.1, t from 1
 accumulated in float32 as openpi does. The time embedding is openpi's sine-cosine one (periods
 4e-3 to 4, computed in float64).
