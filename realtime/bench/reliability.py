@@ -394,9 +394,12 @@ class _Attack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        self.process.join(timeout=60)
+        # its 1011 count is shared as it goes: nothing is lost by killing an attacker that lingers
+        # in its own shutdown (some did, for the whole of a longer timeout)
+        self.process.join(timeout=5)
         if self.process.is_alive():
             self.process.kill()
+            self.process.join()
 
 
 class _AttackClients:
