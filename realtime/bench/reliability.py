@@ -734,6 +734,13 @@ def main(argv: list[str]) -> int:
         "attackers too) on the rest of its own, as when clients run on other machines",
     )
     args = parser.parse_args(argv)
+    if args.server_cores:  # checked before anything starts; the bench moves off the server's cores
+        own = os.sched_getaffinity(0)
+        if not set(args.server_cores) <= own:
+            parser.error(f"--server-cores: this bench may run on cores {sorted(own)} only")
+        if not own - set(args.server_cores):
+            parser.error("--server-cores leaves the bench no core of its own")
+        os.sched_setaffinity(0, own - set(args.server_cores))
     logging.getLogger("websockets").setLevel(logging.CRITICAL)  # our clients' own view of resets
     kinds = tuple(k for k in args.kinds.split(",") if k)
     parts = set(args.parts.split(","))
@@ -746,13 +753,6 @@ def main(argv: list[str]) -> int:
         server = ServerProcess(
             deploy_config(kinds, args.shutdown_timeout, args.small), workdir, args.server_cores
         )
-        if args.server_cores:
-            own = os.sched_getaffinity(0)
-            if not set(args.server_cores) <= own:
-                parser.error(f"--server-cores: this bench may run on cores {sorted(own)} only")
-            if not own - set(args.server_cores):
-                parser.error("--server-cores leaves the bench no core of its own")
-            os.sched_setaffinity(0, own - set(args.server_cores))
         stack.callback(server.stop)
         print(
             f"realtime bench reliability: kinds {','.join(kinds)}; parts {','.join(sorted(parts))}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
