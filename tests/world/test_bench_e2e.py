@@ -27,6 +27,14 @@ def test_e2e_section_reports_fps_ttff_aggregate_mfu_and_stage_breakdown(capsys):
     assert set(figures["e2e_fps"]) == {"batched", "sliced"}
     assert all(figures["e2e_fps"][mode]["8"] > 0 for mode in ("batched", "sliced"))  # 8 sessions served
     assert figures["aggregate_ratio_4"] == round(figures["e2e_fps"]["batched"]["4"] / figures["fps_1"], 3)
+    # issue 30's per-session keys: the slowest session of each run, and the real-time session count
+    slowest = figures["fps_each"]["batched"]
+    assert (
+        figures["fps_each_4"] == slowest["4"]
+        and 0 < slowest["4"] <= figures["e2e_fps"]["batched"]["4"] / 4 + 0.01
+    )
+    assert figures["sessions_at_16fps"] == max((int(n) for n, fps in slowest.items() if fps >= 16), default=0)
+    assert figures["fps_at_bf16_peak"] > 0
     # the per-stage breakdown scraped from the server's /metrics, for every mode and session count
     for mode in ("batched", "sliced"):
         for n in ("1", "2", "4", "8"):
