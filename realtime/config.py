@@ -159,6 +159,9 @@ class RobotConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cuda_graphs: bool = True
     compile: bool | Literal["auto"] = "auto"  # torch.compile pi0's layers; auto: on CUDA devices
+    # The policy built, warmed up and run in a child process (its forward out of reach of the event
+    # loop's GIL bursts); auto: for model policies on the CPU (a thread on CUDA and for zeros)
+    process: bool | Literal["auto"] = "auto"
 
     def validate(self, path: str) -> None:
         """A checkpoint policy's folder is read and checked here (headers and small files only:
@@ -427,6 +430,9 @@ class DuplexConfig:
     compute_admission: bool = True
     compute_utilisation: Fraction = 0.9
     cuda_graphs: bool = True  # embedded models on CUDA: replay the LM step from CUDA graphs
+    kv_cache: Literal["model", "fp8"] = (
+        "model"  # embedded models: the temporal KV in the model's dtype, or FP8
+    )
     opus: bool = True
     opus_bitrate: Annotated[int, _in_range(6000, 510_000)] = 24_000
     cascade: DuplexCascadeConfig = field(default_factory=DuplexCascadeConfig)
@@ -436,6 +442,12 @@ class DuplexConfig:
             raise _FieldError(f"{path}.weights", "model 'moshi' needs a local folder of Moshi weights")
         if self.model == "duplex-cascade" and self.device != "cpu":
             raise _FieldError(f"{path}.device", "model 'duplex-cascade' runs on the CPU (device: cpu)")
+        if self.kv_cache == "fp8" and self.model in ("duplex-cascade", "moshi-test", "moshi"):
+            raise _FieldError(
+                f"{path}.kv_cache",
+                "fp8 applies to the embedded models (duplex-small, duplex-test, moshi-7b-shaped), "
+                f"not {self.model!r} (its KV is its own library's)",
+            )
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from models.duplex import kv_fp8
 from models.duplex.configs import DuplexModelConfig
 from models.rope import rope
 
@@ -53,9 +54,13 @@ class KVGeometry:
     context: int
     sink: int
     dtype_bytes: int
+    scale_bytes: int = 0  # per stored vector (FP8 storage: its float32 scale)
 
     @classmethod
-    def of(cls, cfg: DuplexModelConfig, dtype: torch.dtype) -> KVGeometry:
+    def of(cls, cfg: DuplexModelConfig, dtype: torch.dtype, fp8: bool = False) -> KVGeometry:
+        """The KV of ``cfg`` stored in ``dtype``, or in FP8 with a scale per vector (``fp8``)."""
+        if fp8:
+            return cls(cfg.layers, cfg.heads, cfg.head_dim, cfg.context, cfg.sink, 1, kv_fp8.SCALE_BYTES)
         size = torch.empty((), dtype=dtype, device="meta").element_size()
         return cls(cfg.layers, cfg.heads, cfg.head_dim, cfg.context, cfg.sink, size)
 
@@ -65,8 +70,13 @@ class KVGeometry:
         return self.context + 1
 
     @property
+    def fp8(self) -> bool:
+        return self.scale_bytes > 0
+
+    @property
     def bytes_per_session(self) -> int:
-        return self.layers * 2 * self.heads * self.columns * self.head_dim * self.dtype_bytes
+        per_vector = self.head_dim * self.dtype_bytes + self.scale_bytes
+        return self.layers * 2 * self.heads * self.columns * per_vector
 
 
 @dataclass(frozen=True)
@@ -111,12 +121,21 @@ class StepView:
 
 
 class SlotKV:
+    """The pool; ``geometry.fp8`` stores it as FP8 with a float32 scale per vector
+    (``models/duplex/kv_fp8.py``), in ``scales [slots, layers, 2, heads, columns]``."""
+
     def __init__(
         self, geometry: KVGeometry, slots: int, dtype: torch.dtype, device: str, theta: float
     ) -> None:
         g = self.geometry = geometry
         self.theta = theta
-        self.kv = torch.zeros(slots, g.layers, 2, g.heads, g.columns, g.head_dim, dtype=dtype, device=device)
+        stored = kv_fp8.FP8 if g.fp8 else dtype
+        self.kv = torch.zeros(slots, g.layers, 2, g.heads, g.columns, g.head_dim, dtype=stored, device=device)
+        self.scales = (
+            torch.zeros(slots, g.layers, 2, g.heads, g.columns, dtype=torch.float32, device=device)
+            if g.fp8
+            else None
+        )
 
     def index(self, t: Tensor) -> Tensor:
         """The ring index of frame ``t [B]`` (``t >= 0``)."""
@@ -140,6 +159,8 @@ class SlotKV:
         """Store each row's roped key and value (``k / v [B, heads, 1, head_dim]``) in place at
         its column, then attend ``q [B, heads, 1, head_dim]`` over what the row sees: the sink keys
         re-rotated after a roll, as if the kept frames sat at positions ``0 .. context - 1``."""
+        if self.scales is not None:
+            return self._attend_fp8(layer, rows, view, q, k, v)
         self.kv[rows.slots, layer, 0, :, view.columns] = k[:, :, 0]
         self.kv[rows.slots, layer, 1, :, view.columns] = v[:, :, 0]
         span = rows.span
@@ -155,5 +176,31 @@ class SlotKV:
         finally:
             sink.copy_(stored)  # the pool keeps keys roped at their absolute positions
 
+    def _attend_fp8(
+        self, layer: int, rows: StepRows, view: StepView, q: Tensor, k: Tensor, v: Tensor
+    ) -> Tensor:
+        """:meth:`attend` over FP8 storage: each vector quantized as it is written; the read is
+        the fused kernel, or after a roll with a sink, a dequantized copy whose sink keys are
+        re-rotated (the stored bytes never change)."""
+        assert self.scales is not None
+        for i, x in enumerate((k, v)):
+            values, scales = kv_fp8.quantize(x[:, :, 0])
+            self.kv[rows.slots, layer, i, :, view.columns] = values
+            self.scales[rows.slots, layer, i, :, view.columns] = scales
+        span = rows.span
+        if span is not None:
+            pool, scales = self.kv[span.start : span.stop, layer], self.scales[span.start : span.stop, layer]
+        else:
+            pool, scales = self.kv[rows.slots, layer], self.scales[rows.slots, layer]
+        if view.sink_positions is None:
+            return kv_fp8.attend(q, pool[:, 0], pool[:, 1], scales[:, 0], scales[:, 1], view.visible)
+        keys = kv_fp8.dequantize(pool[:, 0], scales[:, 0], q.dtype)
+        values = kv_fp8.dequantize(pool[:, 1], scales[:, 1], q.dtype)
+        sink = keys[:, :, : self.geometry.sink]
+        sink.copy_(rope(sink.transpose(1, 2), view.sink_positions, self.theta).transpose(1, 2))
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=view.visible)
+
     def reset(self, slot: int) -> None:
         self.kv[slot].zero_()
+        if self.scales is not None:
+            self.scales[slot].zero_()

@@ -165,6 +165,7 @@ class DuplexStage:
         slot_capacity: int,
         seed: int = 0,
         step_mode: StepMode = "eager",
+        kv_fp8: bool = False,
     ) -> None:
         config.validate()
         if slot_capacity < 1:
@@ -175,7 +176,8 @@ class DuplexStage:
         self.device, self.slot_capacity, self.seed = device, slot_capacity, seed
         dtype = getattr(torch, config.dtype)
         self.dtype = dtype
-        self.kv = SlotKV(KVGeometry.of(config, dtype), slot_capacity, dtype, device, config.rope_theta)
+        geometry = KVGeometry.of(config, dtype, fp8=kv_fp8)
+        self.kv = SlotKV(geometry, slot_capacity, dtype, device, config.rope_theta)
         self.codec_state = CodecStatePool(codec, slot_capacity, dtype, device)
         self.prev_text = torch.full((slot_capacity,), BOS, dtype=torch.long, device=device)
         self.prev_audio = torch.full(
@@ -289,9 +291,11 @@ def build_duplex_stage(
     slot_capacity: int,
     seed: int = 0,
     step_mode: StepMode | None = None,
+    kv_fp8: bool = False,
 ) -> DuplexStage:
     """The embedded duplex model with random weights drawn from ``seed``, ``slot_capacity`` slots;
-    ``step_mode`` None: ``"cuda_graphs"`` on CUDA, ``"eager"`` elsewhere.
+    ``step_mode`` None: ``"cuda_graphs"`` on CUDA, ``"eager"`` elsewhere; ``kv_fp8``: the
+    temporal KV stored in FP8 with a scale per vector (``models/duplex/kv_fp8.py``).
 
     ``device="meta"`` builds the shapes without memory (capacity planning of large configs:
     ``state_bytes`` is exact there; ``forward`` cannot run).
@@ -307,7 +311,7 @@ def build_duplex_stage(
     lm = lm.to(dtype=dtype).eval().requires_grad_(False)
     if step_mode is None:
         step_mode = "cuda_graphs" if torch.device(device).type == "cuda" else "eager"
-    return DuplexStage(config, codec, lm, device, slot_capacity, seed, step_mode)
+    return DuplexStage(config, codec, lm, device, slot_capacity, seed, step_mode, kv_fp8)
 
 
 def measure_step_seconds(stage: Any, max_batch: int, reps: int = 3) -> dict[int, float]:

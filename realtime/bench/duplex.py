@@ -23,7 +23,10 @@ serial runs; serial at large counts costs ``n`` forwards per period).
 
 The last line is one JSON object: ``max_sessions_80ms`` (= ``max_sessions_lockstep``),
 ``max_sessions_serial``, the step time (ms, p50 and p99) per batch size, the step mode that ran
-(``graph_error`` if a capture fell back to eager) and the engine check.
+(``graph_error`` if a capture fell back to eager), the engine check, and on CUDA
+``max_sessions_memory``: the sessions the device's memory holds in all at ``state_bytes_per_session``
+(``--kv-cache fp8``: the temporal KV in FP8, ``duplex.kv_cache``), the bound ``--max-sessions``
+cannot pass.
 """
 
 from __future__ import annotations
@@ -111,6 +114,18 @@ async def engine_check(stage: Any, n: int, periods: int) -> dict[str, float]:
     }
 
 
+def memory_bound(stage: Any, slots: int, device: str) -> int | None:
+    """Sessions the device holds in all: the stage's ``slots`` (allocated) plus what its free
+    memory would hold more at ``state_bytes`` each (None off CUDA). The step's activations and the
+    graphs' pool are already allocated, so this is the capacity plan's ceiling, not a margin."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return slots + int(free // stage.state_bytes())
+
+
 def _sizes(spec: str, max_sessions: int) -> list[int]:
     """The session counts to measure: ``spec`` (comma-separated, each in ``1 .. max_sessions``)
     or 1, 2, 4, ... and ``max_sessions``."""
@@ -140,15 +155,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cuda-graphs", choices=["on", "off"], default="on", help="embedded models on CUDA")
     p.add_argument("--sizes", default="", help="session counts, comma-separated (default: powers of two)")
     p.add_argument("--serial-max", type=int, default=None, help="largest serial session count (0: none)")
+    p.add_argument(
+        "--kv-cache",
+        choices=["model", "fp8"],
+        default="model",
+        help="duplex.kv_cache: the temporal KV's storage",
+    )
     args = p.parse_args(argv)
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = DuplexConfig(model=args.model, device=args.device, cuda_graphs=args.cuda_graphs == "on")
+    config = DuplexConfig(
+        model=args.model, device=args.device, cuda_graphs=args.cuda_graphs == "on", kv_cache=args.kv_cache
+    )
     t0 = time.perf_counter()
     stage = build_stage(config, args.max_sessions)
     build_s = time.perf_counter() - t0
+    memory = memory_bound(stage, args.max_sessions, args.device)
     sizes = _sizes(args.sizes, args.max_sessions)
     serial_max = args.max_sessions if args.serial_max is None else args.serial_max
     mode = getattr(stage, "step_mode", "eager")
@@ -160,6 +184,10 @@ def main(argv: list[str]) -> int:
     )
     if graph_error:
         print(f"CUDA graphs fell back to eager: {graph_error}")
+    print(
+        f"KV {args.kv_cache}: {stage.state_bytes() / 1e9:.3f} GB per session"
+        + (f"; the device's free memory admits {memory} sessions in all" if memory else "")
+    )
     print(
         f"{'sessions':>8} | {'lockstep p50/p99 ms':>20} {'play':>5} | {'serial p50/p99 ms':>18} {'play':>5}"
     )
@@ -183,6 +211,9 @@ def main(argv: list[str]) -> int:
         "max_sessions_80ms": best["lockstep"],
         "max_sessions_lockstep": best["lockstep"],
         "max_sessions_serial": best["serial"],
+        "max_sessions_memory": memory,
+        "kv_cache": args.kv_cache,
+        "state_bytes_per_session": stage.state_bytes(),
         "model": args.model,
         "device": args.device,
         "period_ms": FRAME_MS,

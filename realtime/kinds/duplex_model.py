@@ -51,7 +51,14 @@ def build_stage(config: DuplexConfig, slots: int, capture: bool = True) -> Any:
     from models.duplex.stage import build_duplex_stage
 
     mode = None if config.cuda_graphs and capture else "eager"
-    return build_duplex_stage(CONFIGS[config.model], config.device, slots, config.seed, step_mode=mode)
+    return build_duplex_stage(
+        CONFIGS[config.model],
+        config.device,
+        slots,
+        config.seed,
+        step_mode=mode,
+        kv_fp8=config.kv_cache == "fp8",
+    )
 
 
 def cascade_settings(config: DuplexConfig) -> Any:
