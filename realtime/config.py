@@ -430,9 +430,8 @@ class DuplexConfig:
     compute_admission: bool = True
     compute_utilisation: Fraction = 0.9
     cuda_graphs: bool = True  # embedded models on CUDA: replay the LM step from CUDA graphs
-    kv_cache: Literal["model", "fp8"] = (
-        "model"  # embedded models: the temporal KV in the model's dtype, or FP8
-    )
+    # embedded models: the temporal KV in the model's dtype, or FP8 with a scale per vector
+    kv_cache: Literal["model", "fp8"] = "model"
     opus: bool = True
     opus_bitrate: Annotated[int, _in_range(6000, 510_000)] = 24_000
     cascade: DuplexCascadeConfig = field(default_factory=DuplexCascadeConfig)
