@@ -18,6 +18,10 @@ One tick of a robot session is ``observation -> action chunk``. The runtime call
 4. ``state.commit(chunk, latency_s, now)`` on the runner once the chunk is delivered, or
    ``state.reset()`` on reset (and on a change of the client's ``session_id``).
 
+``policy.front()`` is what of a policy runs on the event loop (``spec``, ``prepare``,
+``new_state``): a small picklable object, so a policy built in another process (the server's
+``robot.process``) answers ``prepare`` in the server's with the same code.
+
 ``PolicySpec`` is the single source of truth for what the policy expects and returns; the OpenPI
 handshake metadata is derived from it (``spec.metadata()``).
 """
@@ -81,13 +85,23 @@ class PolicyState(Protocol):
     def reset(self) -> None: ...
 
 
-class Policy(Protocol):
+class PolicyFront(Protocol):
+    """The part of a policy the session's runner calls (see the module docstring); picklable and
+    holding no weights."""
+
     spec: PolicySpec
-    device: str  # torch device of the weights and forwards ("cpu", "cuda:0"); the stage's worker device
 
     def prepare(self, observation: Mapping[str, Any]) -> Any: ...
 
     def new_state(self) -> PolicyState: ...
+
+
+class Policy(PolicyFront, Protocol):
+    device: str  # torch device of the weights and forwards ("cpu", "cuda:0"); the stage's worker device
+
+    def front(self) -> PolicyFront:
+        """This policy's ``spec``, ``prepare`` and ``new_state`` as a picklable object (no weights)."""
+        ...
 
     def infer(self, batch: Sequence[Any], snapshots: Sequence[Any]) -> list[np.ndarray]: ...
 

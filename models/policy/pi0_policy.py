@@ -76,6 +76,32 @@ def lerobot_preset(cameras: Sequence[str], state_dim: int, action_dim: int) -> p
     )
 
 
+@dataclass(frozen=True)
+class Pi0Front:
+    """What of a :class:`Pi0Policy` runs on the session's runner (``Policy.front``): no weights,
+    picklable, so a policy built in another process validates observations here the same way."""
+
+    spec: PolicySpec
+    preset: presets.Preset | None  # None: detected per observation
+    max_cameras: int
+    default_prompt: str
+    max_prompt_chars: int
+
+    def prepare(self, observation: Mapping[str, Any]) -> Pi0Input:
+        """Validate everything :meth:`Pi0Policy.collate` and :meth:`Pi0Policy.infer` read
+        (``presets.canonicalize``, ``RTCOptions.parse``), so an accepted observation cannot fail a
+        batch it shares; cheap otherwise (no image copies): tensors are built per batch in
+        :meth:`Pi0Policy.collate`."""
+        preset = self.preset or presets.detect(observation)
+        canon = presets.canonicalize(
+            preset, observation, self.max_cameras, self.default_prompt, self.max_prompt_chars
+        )
+        return Pi0Input(canon, RTCOptions.parse(observation.get("rtc")), preset.action_dim)
+
+    def new_state(self) -> Pi0SessionState:
+        return Pi0SessionState(self.spec.action_horizon, self.spec.action_dim)
+
+
 class Pi0Policy:
     """pi0 / pi0.5 serving (see the module docstring). ``preset`` fixes the robot (a
     checkpoint's own when given); ``max_prompt_chars`` bounds a prompt's length."""
@@ -139,16 +165,13 @@ class Pi0Policy:
                 **(dict(self.preset.metadata) if self.preset else {}),
             },
         )
+        self._front = Pi0Front(self.spec, self.preset, c.max_cameras, default_prompt, max_prompt_chars)
 
     def prepare(self, observation: Mapping[str, Any]) -> Pi0Input:
-        """Validate everything :meth:`collate` and :meth:`infer` read (``presets.canonicalize``,
-        ``RTCOptions.parse``), so an accepted observation cannot fail a batch it shares; cheap
-        otherwise (no image copies): tensors are built per batch in :meth:`collate`."""
-        preset = self.preset or presets.detect(observation)
-        canon = presets.canonicalize(
-            preset, observation, self.config.max_cameras, self.default_prompt, self.max_prompt_chars
-        )
-        return Pi0Input(canon, RTCOptions.parse(observation.get("rtc")), preset.action_dim)
+        return self._front.prepare(observation)
+
+    def front(self) -> Pi0Front:
+        return self._front
 
     def collate(self, batch: Sequence[Pi0Input]) -> Pi0Batch:
         """Stack a batch into model tensors: cameras resized with padding (uint8: the model
@@ -209,7 +232,7 @@ class Pi0Policy:
             self.infer([Pi0Input(blank, None, dim)] * n, [None] * n)
 
     def new_state(self) -> Pi0SessionState:
-        return Pi0SessionState(self.spec.action_horizon, self.spec.action_dim)
+        return self._front.new_state()
 
     def infer(self, batch: Sequence[Pi0Input], snapshots: Sequence[Guide | None]) -> list[np.ndarray]:
         if not batch:
@@ -261,4 +284,12 @@ class Pi0SessionState(RTCState):
         return self.guide(prepared.rtc, now)
 
 
-__all__ = ["RANDOM_CONFIGS", "ObservationError", "Pi0Batch", "Pi0Input", "Pi0Policy", "lerobot_preset"]
+__all__ = [
+    "RANDOM_CONFIGS",
+    "ObservationError",
+    "Pi0Batch",
+    "Pi0Front",
+    "Pi0Input",
+    "Pi0Policy",
+    "lerobot_preset",
+]

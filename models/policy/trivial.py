@@ -54,6 +54,10 @@ class ZerosPolicy:
     def new_state(self) -> StatelessState:
         return StatelessState()
 
+    def front(self) -> ZerosPolicy:
+        """Itself: it holds no weights and pickles small."""
+        return self
+
     def infer(self, batch: Sequence[presets.Canonical], snapshots: Sequence[None]) -> list[np.ndarray]:
         return [np.zeros((HORIZON, self.spec.action_dim), np.float32) for _ in batch]
 

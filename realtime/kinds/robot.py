@@ -44,6 +44,7 @@ from realtime import __version__
 from realtime.config import RobotConfig
 from realtime.connection import Close, Connection, runtime_close
 from realtime.kinds.base import KindServiceBase, ProgressFn, ServedModel, ServerContext
+from realtime.kinds.policy_process import ProcessPolicy
 from realtime.kinds.runtime import build_session_manager, capacity_plan, stage_declaration
 from realtime.logs import log_internal_error
 from realtime.protocols import openpi
@@ -121,6 +122,32 @@ def build_policy(config: RobotConfig) -> Policy:
     )
 
 
+def runs_in_process(config: RobotConfig) -> bool:
+    """``robot.process``: ``auto`` is a child process for a model policy on the CPU, where the
+    forward's many small ops would wait for the event loop's GIL; a thread on CUDA (the forward
+    is CUDA-graph replays) and for ``zeros`` (nothing to compute)."""
+    if config.process != "auto":
+        return config.process
+    if config.policy == "zeros":
+        return False
+    return config.device == "cpu" or not torch.cuda.is_available()
+
+
+def tune_process(config: RobotConfig) -> None:
+    """The process-wide settings of a process that runs the policy's forwards or decodes its
+    frames: ``robot.torch_threads`` and the malloc thresholds (:func:`keep_frame_buffers`)."""
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    if not keep_frame_buffers():
+        log.info("malloc thresholds not tuned (not glibc): frame buffers go back to the OS")
+
+
+def build_tuned_policy(config: RobotConfig) -> Policy:
+    """The policy's own process (``robot.process``): tuned as the server is, then the policy."""
+    tune_process(config)
+    return build_policy(config)
+
+
 def dispatch_policy(config: RobotConfig) -> DispatchPolicy:
     """``robot.dispatch``: ``arrival`` waits the window only for robots whose arrival pattern
     predicts them (a paused robot costs the others nothing); ``window`` waits for every robot
@@ -175,17 +202,24 @@ class RobotService(KindServiceBase):
 
     def load(self, progress: ProgressFn) -> None:
         cfg = self.config
-        if cfg.torch_threads:
-            torch.set_num_threads(cfg.torch_threads)
-        if not keep_frame_buffers():
-            log.info("malloc thresholds not tuned (not glibc): frame buffers go back to the OS")
+        tune_process(cfg)
         progress("build policy", 0, 2)
-        self.policy = build_policy(cfg)
+        if runs_in_process(cfg):
+            self.policy = proxy = ProcessPolicy(build_tuned_policy, cfg, name="robot-policy")
+            where: dict[str, Any] = {"device": proxy.served_device, "policy_pid": proxy.pid}
+        else:
+            self.policy = build_policy(cfg)
+            where = {"device": self.policy.device}
         progress("warm up", 1, 2)
         self.policy.warmup(cfg.max_batch)
         self.metadata = handshake_metadata(self.policy, cfg)
-        log.info("robot policy loaded", extra={"policy": cfg.policy, "device": self.policy.device})
+        log.info("robot policy loaded", extra={"policy": cfg.policy, **where})
         progress("ready", 2, 2)
+
+    async def stop(self) -> None:
+        await super().stop()
+        if isinstance(self.policy, ProcessPolicy):  # after the stage's worker: no call in flight
+            await asyncio.to_thread(self.policy.close)
 
     async def start(self) -> None:
         cfg = self.config

@@ -51,6 +51,7 @@ from sessions.engine.errors import (
     QueueFullError,
     StageBatchError,
     StageItemError,
+    StageWorkerDiedError,
 )
 from sessions.engine.metrics import BatchMetrics
 from sessions.engine.runner import EngineBase
@@ -242,6 +243,7 @@ class StageEngine(EngineBase[SessionQueue]):
             metrics.stale_dropped.inc(stale)  # the in-flight items of an older epoch are dropped here
         if error is not None:
             metrics.batch_failures.inc(len(batch))
+        if error is not None and not isinstance(error, StageWorkerDiedError):  # a death is logged once
             log.error(
                 "stage forward failed for a batch of %d: %r", len(batch), error, extra={"stage": self.name}
             )

@@ -9,7 +9,10 @@ A job's exception goes back to its caller; the thread itself never stops for one
 thread die anyway (an exception outside any job: an asynchronous exception, an interpreter
 fault), the job in hand and every queued and later one fail with
 :class:`~sessions.engine.errors.StageWorkerDiedError` (nothing waits forever) and
-:func:`dead_workers` names it, so readiness can report it (``/readyz`` answers 503).
+:func:`dead_workers` names it, so readiness can report it (``/readyz`` answers 503). A job that
+raises :class:`~sessions.engine.errors.StageWorkerDiedError` itself (what it drives is gone for
+good: a policy's child process that died) ends the thread the same way, logged once without a
+traceback: the cause is in its message.
 
 Jobs run one at a time in submission order, so slot initialisation and release are serialized
 with forwards. A batched engine's forward job is :func:`isolated_forward`: batch isolation by
@@ -98,11 +101,21 @@ class DeviceWorker:
         except BaseException as exc:  # the thread itself dies: fail what it holds and will get
             self.died = exc
             self._closed = True
-            log.error("stage worker thread died", exc_info=exc, extra={"worker": self._thread.name})
-            error = StageWorkerDiedError(f"stage worker {self._thread.name} died ({type(exc).__name__})")
+            if isinstance(exc, StageWorkerDiedError):  # a job's own account of what is gone
+                log.error("stage worker thread died: %s", exc, extra={"worker": self._thread.name})
+            else:
+                log.error("stage worker thread died", exc_info=exc, extra={"worker": self._thread.name})
+            error = self._death()
             if self._loop_of_jobs is not None:
                 with contextlib.suppress(RuntimeError):  # the loop is gone at interpreter exit
                     self._loop_of_jobs.call_soon_threadsafe(self._fail_outstanding, error)
+
+    def _death(self) -> StageWorkerDiedError:
+        """The error this dead worker's jobs fail with (its cause named)."""
+        died, name = self.died, self._thread.name
+        if isinstance(died, StageWorkerDiedError):
+            return StageWorkerDiedError(f"stage worker {name} died: {died}")
+        return StageWorkerDiedError(f"stage worker {name} died ({type(died).__name__})")
 
     def _fail_outstanding(self, error: BaseException) -> None:
         """On the loop: every job posted and not answered (in hand, queued) fails with ``error``."""
@@ -127,6 +140,8 @@ class DeviceWorker:
                     result = fn(*args)
                     if stream is not None:
                         stream.synchronize()
+                except StageWorkerDiedError:  # what the job drives is gone: so is this worker
+                    raise
                 except BaseException as exc:  # handed to the awaiting coroutine, never lost
                     error = exc
                 fn = args = job = None  # hold no batch inputs while idle
@@ -150,7 +165,7 @@ class DeviceWorker:
         Must be called on the event loop thread; raises :class:`EngineClosedError` once closed.
         """
         if self.died is not None:
-            raise StageWorkerDiedError(f"stage worker {self._thread.name} died ({type(self.died).__name__})")
+            raise self._death()
         if self._closed:
             raise EngineClosedError(f"worker for {self.device} is closed")
         loop = self._loop_of_jobs = asyncio.get_running_loop()
@@ -193,11 +208,14 @@ def isolated_forward(
 
     A forward that raises is re-run in halves, recursively (bisect), so only the items whose
     forward raises alone fail: their output is a :class:`BatchFailure`, the others get theirs.
-    A forward that returns the wrong number of outputs fails the whole batch (``error``).
+    A forward that returns the wrong number of outputs fails the whole batch (``error``). A
+    :class:`~sessions.engine.errors.StageWorkerDiedError` is not bisected: it ends the worker.
     """
     start = time.perf_counter()
     try:
         return _bisect(stage, items), None, time.perf_counter() - start
+    except StageWorkerDiedError:
+        raise
     except Exception as exc:  # only a wrong output count gets here
         return None, exc, time.perf_counter() - start
 
@@ -205,6 +223,8 @@ def isolated_forward(
 def _bisect(stage: BatchedStage, items: Sequence[StageItem]) -> list[Any]:
     try:
         outputs = list(stage.forward(items))
+    except StageWorkerDiedError:
+        raise
     except Exception as exc:
         if len(items) == 1:
             return [BatchFailure(exc)]

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -149,3 +151,6 @@ def test_sigterm_during_robot_inference_is_a_clean_1001_without_error_lines(tmp_
     log = (tmp_path / "server.log").read_text()
     assert "level=error" not in log and "Traceback" not in log, log[-4000:]
     assert "code=1011" not in log, log[-4000:]
+    # robot.process auto: pi0-tiny on the CPU ran in a child process, which ended with the server
+    pid = int(re.search(r"policy_pid=(\d+)", log).group(1))  # type: ignore[union-attr]
+    assert not Path(f"/proc/{pid}").exists()

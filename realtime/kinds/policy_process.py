@@ -1,0 +1,177 @@
+"""A robot policy built, warmed up and run in a child process of its own (``robot.process``).
+
+Why: a policy's forward on the CPU is hundreds of small torch ops, each releasing and retaking the
+GIL. On a thread of the server's process it waits in ``take_gil`` whenever the event loop holds
+the interpreter for a burst of connections (docs/reliability.md, "The robot policy in a process
+of its own"). In a child process the loop cannot hold its interpreter.
+
+The boundary is ``Policy.infer``, pure by contract: the stage (``models.policy.stage.PolicyStage``)
+and its per-slot state stay in the server. :class:`ProcessPolicy` is the server's side: it holds
+the policy's front (``Policy.front()``: ``spec``, ``prepare``, ``new_state``, sent back by the
+child once it built the policy, so ``prepare`` has one implementation and no weights live in the
+server) and sends ``infer`` / ``warmup`` calls to the child over one ``multiprocessing`` pipe
+(pickled: a LIBERO observation is ~300 KB and its round trip costs well under a millisecond,
+docs/reliability.md). Its ``device`` is ``"cpu"``: the stage's worker thread only waits on the
+pipe and never touches the accelerator the child owns (``served_device``).
+
+The child (:func:`serve_policy`, ``spawn`` context) ignores SIGINT and SIGTERM (the server's
+shutdown owns it), answers one call at a time, and exits on a close message or on the pipe's EOF
+(the server is gone). An exception the child's call raises comes back as itself when it pickles,
+else as :class:`PolicyCallError` with its type and message. A child that dies (killed, crashed)
+fails the call in hand and every later one with
+:class:`~sessions.engine.errors.StageWorkerDiedError`, which ends the stage's worker thread: its
+sessions get typed errors and ``/readyz`` answers 503 (``sessions.engine.worker.dead_workers``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import pickle
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.util import Finalize
+from typing import Any
+
+import numpy as np
+
+from models.policy.interface import Policy, PolicyFront, PolicySpec, PolicyState
+from sessions.engine.errors import StageWorkerDiedError
+
+CLOSE = None  # the message that ends the child
+CLOSE_TIMEOUT_S = 5.0  # a child that has not exited this long after the close message is killed
+
+
+class PolicyCallError(RuntimeError):
+    """The child's call raised an exception that does not pickle: its type name and message."""
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` itself when it survives pickling, else a :class:`PolicyCallError` naming it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any failure to pickle or rebuild means: send its account
+        return PolicyCallError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def serve_policy(conn: Connection, build: Callable[[Any], Policy], config: Any) -> None:
+    """The child's main: ``build(config)``, send ``("ok", (front, device))`` (or ``("raised",
+    exc)``), then answer ``(op, args)`` calls (``infer``, ``warmup``) until :data:`CLOSE` or EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        policy = build(config)
+    except Exception as exc:  # noqa: BLE001 - the server's load reports it
+        conn.send(("raised", _portable(exc)))
+        return
+    conn.send(("ok", (policy.front(), policy.device)))
+    calls = {"infer": policy.infer, "warmup": policy.warmup}
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:  # the server is gone
+            return
+        if job is CLOSE:
+            return
+        op, args = job
+        try:
+            reply = ("ok", calls[op](*args))
+        except Exception as exc:  # noqa: BLE001 - the caller's (the stage engine bisects)
+            reply = ("raised", _portable(exc))
+        conn.send(reply)
+
+
+def _stop_child(conn: Connection, process: multiprocessing.process.BaseProcess, timeout_s: float) -> None:
+    """Send :data:`CLOSE`, close the pipe, wait ``timeout_s`` for the child, then kill it."""
+    with contextlib.suppress(OSError):
+        conn.send(CLOSE)
+    conn.close()
+    process.join(timeout_s)
+    if process.is_alive():
+        process.kill()
+        process.join(1.0)
+
+
+class ProcessPolicy:
+    """A :class:`~models.policy.interface.Policy` whose forwards run in a child process (see the
+    module docstring). Built on the server's load thread; blocks until the child built the policy
+    (its exception re-raised here) or exited."""
+
+    device = "cpu"  # the stage's worker thread waits on the pipe; the child owns the model's device
+
+    def __init__(self, build: Callable[[Any], Policy], config: Any, *, name: str = "policy") -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_end = ctx.Pipe()
+        self.process = ctx.Process(
+            target=serve_policy, args=(child_end, build, config), name=name, daemon=True
+        )
+        self.process.start()
+        child_end.close()  # the child's end lives in the child alone: its death is our EOF
+        self._lock = threading.Lock()  # one call on the pipe at a time
+        self._died: str | None = None
+        # Runs at close() or, before multiprocessing joins its children, at interpreter exit
+        # (the child ignores SIGTERM, so the join would otherwise wait for an EOF never sent).
+        self._stop = Finalize(self, _stop_child, (self._conn, self.process, CLOSE_TIMEOUT_S), exitpriority=10)
+        try:
+            front, self.served_device = self._call(None)
+        except StageWorkerDiedError as exc:
+            raise RuntimeError(f"the policy's process exited while loading ({exc})") from None
+        self._front: PolicyFront = front
+        self.spec: PolicySpec = front.spec
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def front(self) -> PolicyFront:
+        return self._front
+
+    def prepare(self, observation: Any) -> Any:
+        return self._front.prepare(observation)
+
+    def new_state(self) -> PolicyState:
+        return self._front.new_state()
+
+    def infer(self, batch: Sequence[Any], snapshots: Sequence[Any]) -> list[np.ndarray]:
+        return self._call("infer", list(batch), list(snapshots))
+
+    def warmup(self, max_batch: int) -> None:
+        self._call("warmup", max_batch)
+
+    def close(self) -> None:
+        """End the child (close message, then a kill after :data:`CLOSE_TIMEOUT_S`); idempotent.
+        Blocking: call it off the event loop, after the stage's worker stopped."""
+        self._stop()
+
+    def _call(self, op: str | None, *args: Any) -> Any:
+        """One call's reply (``op`` None: the child's first message); raises what the child's call
+        raised, or :class:`StageWorkerDiedError` once the child is gone."""
+        with self._lock:
+            if self._died is None:
+                try:
+                    if op is not None:
+                        self._conn.send((op, args))
+                    status, value = self._conn.recv()
+                except (EOFError, OSError):
+                    self._died = self._death()
+            if self._died is not None:
+                raise StageWorkerDiedError(self._died)
+        if status == "raised":
+            raise value
+        return value
+
+    def _death(self) -> str:
+        """How the child ended (it is gone: the pipe broke)."""
+        self.process.join(1.0)
+        code = self.process.exitcode
+        how = (
+            "still running"
+            if code is None
+            else f"killed by signal {-code}"
+            if code < 0
+            else f"exit code {code}"
+        )
+        return f"policy process {self.process.name} (pid {self.process.pid}) died: {how}"
