@@ -251,8 +251,9 @@ class StageEngine(EngineBase[SessionQueue]):
         for i, work in enumerate(batch):
             if work.dead:  # dropped in flight (epoch bump, release, its stream cancelled)
                 continue
-            if error is not None:
-                work.fail(StageBatchError(self.name, len(batch), error))
+            if error is not None:  # a dead worker is named as such: no batch of this stage runs again
+                dead = isinstance(error, StageWorkerDiedError)
+                work.fail(error if dead else StageBatchError(self.name, len(batch), error))
                 continue
             out = outputs[i]
             if isinstance(out, BatchFailure):

@@ -8,7 +8,8 @@ planner reads together with ``per_session_bytes``.
 
 Slot states: ``opening`` (index reserved, ``open_state`` running) -> ``open`` -> ``releasing``
 -> freed; a failed ``release_state`` leaves ``release_failed`` (bytes still counted, index not
-reused) until a retried release succeeds. ``open_state`` / ``release_state`` run on the stage's
+reused) until a retried release succeeds. A worker that died (``StageWorkerDiedError``) holds
+nothing any more: its slots are freed without ``release_state``. ``open_state`` / ``release_state`` run on the stage's
 worker thread, after any forward already queued there, so a running forward never loses a slot.
 Opening allocates nothing while work waits in the scheduler: state exists only between an
 explicit ``open`` and ``release``.
@@ -39,6 +40,7 @@ from sessions.engine.errors import (
     EngineConfigError,
     SessionReleasedError,
     SlotsExhaustedError,
+    StageWorkerDiedError,
 )
 from sessions.engine.worker import DeviceWorker
 
@@ -198,7 +200,7 @@ class SlotTable:
             done(None, exc)
 
     def _reclaimed(self, slot: Slot, _result: Any, error: BaseException | None) -> None:
-        if error is None:
+        if error is None or isinstance(error, StageWorkerDiedError):
             self._drop(slot)
         else:  # as a failed release: bytes stay counted, the index is not reused
             log.error("release of an abandoned slot failed: %r", error, extra={"stage": self.stage.name})
@@ -219,6 +221,8 @@ class SlotTable:
         if self.stateful:
             try:
                 await self.worker.run(self.stage.release_state, session_id, slot.index, slot.state)
+            except StageWorkerDiedError:  # nothing runs on that worker again: no state is held for it
+                pass
             except BaseException:
                 slot.status = "release_failed"
                 raise
