@@ -68,6 +68,7 @@ from realtime.protocols import openpi
 from realtime.scale.cores import parse_cpu_list
 
 KINDS = ("robot", "world", "echo", "voice", "duplex")
+PROCESS_CHOICES: dict[str, bool | str] = {"auto": "auto", "true": True, "false": False}  # --robot-process
 EXIT_SLACK_S = 3.0  # process teardown after the drain: kinds stop, the interpreter exits
 READY = re.compile(r'msg=ready url=(https?://\S+)|"msg": "ready", "url": "(https?://[^"]+)"')
 
@@ -75,12 +76,16 @@ READY = re.compile(r'msg=ready url=(https?://\S+)|"msg": "ready", "url": "(https
 # -- the server process ------------------------------------------------------------------------
 
 
-def deploy_config(kinds: tuple[str, ...], shutdown_timeout_s: float, small: bool) -> dict[str, Any]:
-    """The bench's deploy config: every kind it exercises, small models when ``small``."""
+def deploy_config(
+    kinds: tuple[str, ...], shutdown_timeout_s: float, small: bool, robot_process: bool | str = "auto"
+) -> dict[str, Any]:
+    """The bench's deploy config: every kind it exercises, small models when ``small``;
+    ``robot_process`` is ``robot.process``."""
+    robot = {"policy": "pi0-tiny", "device": "cpu", "torch_threads": 1, "process": robot_process}
     return {
         "server": {"shutdown_timeout_s": shutdown_timeout_s, "max_connections": 400, "start_timeout_s": 10},
         "runtime": {"memory_available_bytes": 4 << 30},
-        "robot": {"enabled": "robot" in kinds, "policy": "pi0-tiny", "device": "cpu", "torch_threads": 1},
+        "robot": {"enabled": "robot" in kinds, **robot},
         "world": {
             "enabled": "world" in kinds,
             "model": "world-test" if small else "world-tiny",
@@ -95,6 +100,36 @@ def deploy_config(kinds: tuple[str, ...], shutdown_timeout_s: float, small: bool
             "compute_admission": False,
         },
     }
+
+
+def _rss(pid: int) -> int:
+    """A process's resident bytes (0 once it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    found = re.search(r"VmRSS:\s+(\d+) kB", status)
+    return int(found.group(1)) * 1024 if found else 0
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s child processes and theirs, from every process's parent in ``/proc/*/stat``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # after "(comm)": state, then ppid
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 class ServerProcess:
@@ -142,13 +177,21 @@ class ServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def proc_stat(self) -> dict[str, int]:
-        """RSS bytes, threads and open fds of the server process (Linux ``/proc``)."""
+        """RSS bytes of the server process and its child processes (the robot policy's,
+        ``robot.process``), the server's threads and open fds, and its child processes' count
+        (Linux ``/proc``)."""
         assert self.proc is not None
         base = Path(f"/proc/{self.proc.pid}")
         status = (base / "status").read_text()
-        rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024  # type: ignore[union-attr]
         threads = int(re.search(r"Threads:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
-        return {"rss": rss, "threads": threads, "fds": len(os.listdir(base / "fd"))}
+        children = descendants(self.proc.pid)
+        rss = _rss(self.proc.pid) + sum(_rss(pid) for pid in children)
+        return {
+            "rss": rss,
+            "threads": threads,
+            "fds": len(os.listdir(base / "fd")),
+            "children": len(children),
+        }
 
     def sigterm(self, timeout_s: float) -> tuple[int | None, float]:
         """SIGTERM; the exit status (None: killed after ``timeout_s``) and seconds to exit."""
@@ -565,7 +608,9 @@ def churn_leaks(server: ServerProcess, baseline: dict[str, int], figures: Figure
     while True:
         now = server.proc_stat()
         grown = {
-            k: now[k] - baseline[f"proc.{k}"] for k in ("threads", "fds") if now[k] > baseline[f"proc.{k}"]
+            k: now[k] - baseline[f"proc.{k}"]
+            for k in ("threads", "fds", "children")
+            if now[k] > baseline[f"proc.{k}"]
         }
         if not grown or time.monotonic() > deadline:
             break
@@ -727,6 +772,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--small", action="store_true", help="the test-sized world and duplex models")
     parser.add_argument("--workdir", help="where the config and the server log go (default: a temp dir)")
     parser.add_argument(
+        "--robot-process",
+        choices=["auto", "true", "false"],
+        default="auto",
+        help="robot.process: the robot's policy in a child process (auto: yes, pi0-tiny on the CPU)",
+    )
+    parser.add_argument(
         "--server-cores",
         type=parse_cpu_list,
         default=(),
@@ -751,11 +802,14 @@ def main(argv: list[str]) -> int:
         )
         workdir.mkdir(parents=True, exist_ok=True)
         server = ServerProcess(
-            deploy_config(kinds, args.shutdown_timeout, args.small), workdir, args.server_cores
+            deploy_config(kinds, args.shutdown_timeout, args.small, PROCESS_CHOICES[args.robot_process]),
+            workdir,
+            args.server_cores,
         )
         stack.callback(server.stop)
         print(
-            f"realtime bench reliability: kinds {','.join(kinds)}; parts {','.join(sorted(parts))}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+            f"realtime bench reliability: kinds {','.join(kinds)}; parts {','.join(sorted(parts))}; "
+            f"robot.process {args.robot_process}; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
         )
         with _timed("startup"):
             server.start()
@@ -808,6 +862,7 @@ def main(argv: list[str]) -> int:
         "sigterm_closes": figures.sigterm_closes,
         "sigterm_exit_code": figures.sigterm_exit_code,
         "load_avg_1m": round(os.getloadavg()[0], 2),
+        "robot_process": args.robot_process,
     }
     print(json.dumps(headline))
     return 0 if ok else 1

@@ -33,6 +33,9 @@ and (c) with pi0 at its real shapes (``realtime.kinds.robot`` builds ``models.po
 both servers: the same policy objects); ``--clients 8,32`` measures (b) at each count and
 ``--parts`` picks the sections, e.g. the GPU-issue run
 ``realtime bench robot --device cuda --policy pi0-shaped --parts a',b --clients 8,32 --max-batch 32``.
+``--process true|false`` sets ``robot.process`` for ours (the policy in a child process; ``auto``
+by default, which is a process for pi0-tiny on the CPU): ``--parts "a',b" --process false`` and
+``--process true`` price the hop at batch 1 and under 8 clients.
 ``--policy pi0 --checkpoint PATH`` (or ``pi0.5``) serves a checkpoint folder in both servers
 (``robot.checkpoint``; ``--tokenizer`` for ``robot.tokenizer``); ``--write-checkpoint`` first
 writes a random-weight one at the real size in openpi's layout into PATH (LIBERO assets, a
@@ -468,6 +471,12 @@ def main(argv: list[str]) -> int:
         default="auto",
         help="robot.compile for both servers in (a'), (b), (c) (auto: on CUDA)",
     )
+    parser.add_argument(
+        "--process",
+        choices=["auto", "true", "false"],
+        default="auto",
+        help="robot.process for ours in (a'), (b), (c): the policy in a child process (auto: on the CPU)",
+    )
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument(
         "--device",
@@ -510,7 +519,8 @@ def main(argv: list[str]) -> int:
     device = _describe_device(args.device)
     print(
         f"robot bench: ours (realtime serve) vs openpi-server 0.1.0, same policy objects, loopback, "
-        f"torch threads={threads}, cpu count={os.cpu_count()}, {args.policy} device={device}"
+        f"torch threads={threads}, cpu count={os.cpu_count()}, {args.policy} device={device}, "
+        f"robot.process={args.process}"
     )
     results: dict[str, Any] = {}
     parts = set(args.parts.split(","))
@@ -521,7 +531,8 @@ def main(argv: list[str]) -> int:
     files = {k: v for k, v in (("checkpoint", args.checkpoint), ("tokenizer", args.tokenizer)) if v}
     compile_setting = {"auto": "auto", "on": True, "off": False}[args.compile]
     files = {**files, "compile": compile_setting}
-    robot: dict[str, Any] = {"device": args.device, **files}
+    process = {"auto": "auto", "true": True, "false": False}[args.process]
+    robot: dict[str, Any] = {"device": args.device, "process": process, **files}
     if args.coalesce_window_s is not None:
         robot["coalesce_window_s"] = args.coalesce_window_s
     if args.max_batch is not None:
@@ -538,7 +549,7 @@ def main(argv: list[str]) -> int:
     if "a'" in parts:
         with (
             peer(args.policy, threads, args.device, files) as url_peer,
-            ours(args.policy, threads, {"device": args.device, **files}) as url_ours,
+            ours(args.policy, threads, {"device": args.device, "process": process, **files}) as url_ours,
         ):
             samples = overhead(
                 url_ours,
@@ -564,6 +575,7 @@ def main(argv: list[str]) -> int:
     if "c" in parts:
         results.update(idle_section(args.policy, threads, robot, args.idle_requests, args.idle_rounds))
     results["device"] = device
+    results["process"] = args.process
     results["clients"] = counts
     results["policy"] = args.policy
     if args.checkpoint:
