@@ -181,7 +181,9 @@ class SlotKV:
     ) -> Tensor:
         """:meth:`attend` over FP8 storage: each vector quantized as it is written; the read is
         the fused kernel, or after a roll with a sink, a dequantized copy whose sink keys are
-        re-rotated (the stored bytes never change)."""
+        re-rotated (the stored bytes never change). The bucketed form assumes any row may have
+        rolled, so a model with a sink (``duplex-small``) always reads the copy there; Moshi's
+        shape has none (``moshi-7b-shaped``: sink 0)."""
         assert self.scales is not None
         for i, x in enumerate((k, v)):
             values, scales = kv_fp8.quantize(x[:, :, 0])
