@@ -9,10 +9,15 @@ The boundary is ``Policy.infer``, pure by contract: the stage (``models.policy.s
 and its per-slot state stay in the server. :class:`ProcessPolicy` is the server's side: it holds
 the policy's front (``Policy.front()``: ``spec``, ``prepare``, ``new_state``, sent back by the
 child once it built the policy, so ``prepare`` has one implementation and no weights live in the
-server) and sends ``infer`` / ``warmup`` calls to the child over one ``multiprocessing`` pipe
-(pickled: a LIBERO observation is ~300 KB and its round trip costs well under a millisecond,
-docs/reliability.md). Its ``device`` is ``"cpu"``: the stage's worker thread only waits on the
-pipe and never touches the accelerator the child owns (``served_device``).
+server) and sends ``infer`` / ``warmup`` calls to the child over one ``multiprocessing`` pipe.
+Messages are pickled (protocol 5) with every array over :data:`INBAND_MAX_BYTES` sent out of band
+as its own frame, straight from its memory: no copy into the pickle, none out of it (the
+receiver's arrays are read-only views of the received bytes, as decoded wire arrays are). An
+array that is a permuted view of contiguous memory (ALOHA's cameras: channel-first on the wire,
+served as a transposed view) travels as that memory and the permutation: pickling such a view
+copied it element by element, 2 ms a camera on the dev CPU. Its ``device`` is ``"cpu"``: the
+stage's worker thread only waits on the pipe and never touches the accelerator the child owns
+(``served_device``).
 
 The child (:func:`serve_policy`, ``spawn`` context) ignores SIGINT and SIGTERM (the server's
 shutdown owns it), answers one call at a time, and exits on a close message or on the pipe's EOF
@@ -26,6 +31,7 @@ sessions get typed errors and ``/readyz`` answers 503 (``sessions.engine.worker.
 from __future__ import annotations
 
 import contextlib
+import io
 import multiprocessing
 import pickle
 import signal
@@ -42,6 +48,56 @@ from sessions.engine.errors import StageWorkerDiedError
 
 CLOSE = None  # the message that ends the child
 CLOSE_TIMEOUT_S = 5.0  # a child that has not exited this long after the close message is killed
+INBAND_MAX_BYTES = 64 << 10  # larger arrays (camera images) go out of band, as frames of their own
+
+
+def _permuted(base: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    return base.transpose(axes)
+
+
+class _Pickler(pickle.Pickler):
+    """Protocol 5; an array that is a permuted view of C-contiguous memory pickles as that memory
+    (out of band when large) plus the axes that restore its view."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            type(obj) is np.ndarray
+            and obj.ndim > 1
+            and not (obj.flags.c_contiguous or obj.flags.f_contiguous)
+        ):
+            order = tuple(int(i) for i in np.argsort([-stride for stride in obj.strides], kind="stable"))
+            contiguous = obj.transpose(order)
+            if contiguous.flags.c_contiguous:
+                return _permuted, (contiguous, tuple(int(i) for i in np.argsort(order)))
+        return NotImplemented
+
+
+def _send(conn: Connection, message: Any) -> None:
+    """One message: its pickle (the count of out-of-band frames first), then those frames."""
+    frames: list[pickle.PickleBuffer] = []
+
+    def out_of_band(buffer: pickle.PickleBuffer) -> bool:  # False: this one goes out of band
+        if buffer.raw().nbytes <= INBAND_MAX_BYTES:
+            return True
+        frames.append(buffer)
+        return False
+
+    head = io.BytesIO()
+    head.write(b"\0\0\0\0")
+    _Pickler(head, protocol=5, buffer_callback=out_of_band).dump(message)
+    view = head.getbuffer()
+    view[:4] = len(frames).to_bytes(4, "little")
+    conn.send_bytes(view)
+    del view
+    for frame in frames:
+        conn.send_bytes(frame.raw())
+
+
+def _recv(conn: Connection) -> Any:
+    """The message :func:`_send` sent (raises EOFError once the other end is gone)."""
+    head = conn.recv_bytes()
+    frames = [conn.recv_bytes() for _ in range(int.from_bytes(head[:4], "little"))]
+    return pickle.loads(memoryview(head)[4:], buffers=frames)
 
 
 class PolicyCallError(RuntimeError):
@@ -65,13 +121,13 @@ def serve_policy(conn: Connection, build: Callable[[Any], Policy], config: Any) 
     try:
         policy = build(config)
     except Exception as exc:  # noqa: BLE001 - the server's load reports it
-        conn.send(("raised", _portable(exc)))
+        _send(conn, ("raised", _portable(exc)))
         return
-    conn.send(("ok", (policy.front(), policy.device)))
+    _send(conn, ("ok", (policy.front(), policy.device)))
     calls = {"infer": policy.infer, "warmup": policy.warmup}
     while True:
         try:
-            job = conn.recv()
+            job = _recv(conn)
         except EOFError:  # the server is gone
             return
         if job is CLOSE:
@@ -81,13 +137,13 @@ def serve_policy(conn: Connection, build: Callable[[Any], Policy], config: Any) 
             reply = ("ok", calls[op](*args))
         except Exception as exc:  # noqa: BLE001 - the caller's (the stage engine bisects)
             reply = ("raised", _portable(exc))
-        conn.send(reply)
+        _send(conn, reply)
 
 
 def _stop_child(conn: Connection, process: multiprocessing.process.BaseProcess, timeout_s: float) -> None:
     """Send :data:`CLOSE`, close the pipe, wait ``timeout_s`` for the child, then kill it."""
     with contextlib.suppress(OSError):
-        conn.send(CLOSE)
+        _send(conn, CLOSE)
     conn.close()
     process.join(timeout_s)
     if process.is_alive():
@@ -153,8 +209,8 @@ class ProcessPolicy:
             if self._died is None:
                 try:
                     if op is not None:
-                        self._conn.send((op, args))
-                    status, value = self._conn.recv()
+                        _send(self._conn, (op, args))
+                    status, value = _recv(self._conn)
                 except (EOFError, OSError):
                     self._died = self._death()
             if self._died is not None:

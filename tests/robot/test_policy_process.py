@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import multiprocessing
 import os
 import signal
 import threading
@@ -23,6 +24,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from realtime.bench.examples import droid, libero
 from realtime.config import RobotConfig, config_from_mapping
+from realtime.kinds import policy_process
 from realtime.kinds import robot as robot_kind
 from realtime.kinds.policy_process import ProcessPolicy
 from sessions.engine.worker import dead_workers
@@ -85,6 +87,21 @@ def _ws(base: str) -> str:
 
 def _errors(caplog) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_messages_carry_arrays_out_of_band_and_permuted_views_as_their_memory():
+    send, recv = multiprocessing.Pipe()
+    chw = np.arange(3 * 224 * 224, dtype=np.uint8).reshape(3, 224, 224)
+    message = {"hwc": chw.transpose(1, 2, 0), "big": np.ones((300, 300), np.float32), "small": np.arange(5)}
+    sender = threading.Thread(target=policy_process._send, args=(send, message))  # frames outgrow the pipe
+    sender.start()
+    got = policy_process._recv(recv)
+    sender.join(timeout=10)
+    for key, value in message.items():
+        np.testing.assert_array_equal(got[key], value)
+    assert got["hwc"].strides == message["hwc"].strides  # the same view of the same layout
+    assert not got["big"].flags.writeable  # a view of the received frame, as wire arrays are
+    assert recv.poll() is False  # every frame was read
 
 
 def test_auto_is_a_process_for_model_policies_on_the_cpu_only():
