@@ -16,7 +16,8 @@ from models.duplex.kv_cache import KVGeometry, SlotKV, StepRows
 from models.duplex.lm import BOS, DuplexLM
 from models.duplex.stage import build_duplex_stage
 from models.stage import StageItem
-from realtime.config import ConfigError, config_from_mapping
+from realtime.config import ConfigError, DuplexConfig, config_from_mapping
+from realtime.kinds.duplex_model import build_stage
 
 
 def test_quantize_keeps_each_vector_within_a_sixteenth_of_its_largest_number() -> None:
@@ -77,7 +78,8 @@ def test_a_stream_over_fp8_kv_stays_close_to_the_model_dtype_kv_through_a_roll()
 
 
 def test_fp8_stage_serves_steps_and_frees_its_slots() -> None:
-    stage = build_duplex_stage(TEST, "cpu", 2, kv_fp8=True)
+    stage = build_stage(DuplexConfig(model="duplex-test", kv_cache="fp8"), 2)  # duplex.kv_cache's path
+    assert stage.kv.geometry.fp8 and stage.kv.kv.dtype == kv_fp8.FP8
     items = [
         StageItem(f"s{i}", 0, stage.silence(), slot=i, state=stage.open_state(f"s{i}", i)) for i in range(2)
     ]
