@@ -26,13 +26,17 @@ else as :class:`PolicyCallError` with its type and message. A child that dies (k
 fails the call in hand and every later one with
 :class:`~sessions.engine.errors.StageWorkerDiedError`, which ends the stage's worker thread: its
 sessions get typed errors and ``/readyz`` answers 503 (``sessions.engine.worker.dead_workers``).
+A child that dies while no call runs is found by a watcher (:meth:`ProcessPolicy.watch`), which
+hands the worker the same error through a job.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import multiprocessing
+import multiprocessing.connection
 import pickle
 import signal
 import threading
@@ -44,7 +48,8 @@ from typing import Any
 import numpy as np
 
 from models.policy.interface import Policy, PolicyFront, PolicySpec, PolicyState
-from sessions.engine.errors import StageWorkerDiedError
+from sessions.engine.errors import EngineClosedError, StageWorkerDiedError
+from sessions.engine.worker import DeviceWorker
 
 CLOSE = None  # the message that ends the child
 CLOSE_TIMEOUT_S = 5.0  # a child that has not exited this long after the close message is killed
@@ -168,6 +173,7 @@ class ProcessPolicy:
         child_end.close()  # the child's end lives in the child alone: its death is our EOF
         self._lock = threading.Lock()  # one call on the pipe at a time
         self._died: str | None = None
+        self._closing = False
         # Runs at close() or, before multiprocessing joins its children, at interpreter exit
         # (the child ignores SIGTERM, so the join would otherwise wait for an EOF never sent).
         self._stop = Finalize(self, _stop_child, (self._conn, self.process, CLOSE_TIMEOUT_S), exitpriority=10)
@@ -197,9 +203,36 @@ class ProcessPolicy:
     def warmup(self, max_batch: int) -> None:
         self._call("warmup", max_batch)
 
+    def watch(self, worker: DeviceWorker) -> None:
+        """On the event loop, once serving: a child that exits before :meth:`close`, even while
+        no forward runs, ends ``worker`` as a forward would (its next job is :meth:`check`), so
+        ``/readyz`` answers 503 at once. A watcher thread waits for the exit."""
+        loop = asyncio.get_running_loop()
+
+        def post() -> None:
+            with contextlib.suppress(EngineClosedError):  # stopped, or already dead of a forward
+                worker.post(self.check, (), lambda _result, _error: None)
+
+        def wait() -> None:
+            multiprocessing.connection.wait([self.process.sentinel])
+            if not self._closing:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
+                    loop.call_soon_threadsafe(post)
+
+        threading.Thread(target=wait, name=f"{self.process.name}-watch", daemon=True).start()
+
+    def check(self) -> None:
+        """Raise :class:`StageWorkerDiedError` once the child is gone (a job for the stage's worker)."""
+        if self.process.is_alive():
+            return
+        with self._lock:
+            self._died = self._died or self._death()
+        raise StageWorkerDiedError(self._died)
+
     def close(self) -> None:
         """End the child (close message, then a kill after :data:`CLOSE_TIMEOUT_S`); idempotent.
         Blocking: call it off the event loop, after the stage's worker stopped."""
+        self._closing = True
         self._stop()
 
     def _call(self, op: str | None, *args: Any) -> Any:

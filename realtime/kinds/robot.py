@@ -237,6 +237,8 @@ class RobotService(KindServiceBase):
             lifecycle=self.engine,
         )
         await self.manager.start()
+        if isinstance(self.policy, ProcessPolicy):  # its death, even while idle, ends the worker
+            self.policy.watch(self.engine.worker)
         log.info(
             "robot sessions ready", extra={"capacity": self.manager.capacity, "max_batch": cfg.max_batch}
         )

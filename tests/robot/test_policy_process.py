@@ -211,3 +211,19 @@ async def test_a_killed_child_fails_its_sessions_typed_readyz_503_and_the_server
     assert not policy.process.is_alive()
     gc.collect()
     assert dead_workers() == []
+
+
+@session_loop
+async def test_a_child_killed_while_idle_turns_readyz_503_without_a_forward(caplog):
+    async with serve_in_process(config_from_mapping(CONFIG)) as (base, srv):
+        policy = _robot(srv).policy
+        os.kill(policy.pid, signal.SIGKILL)
+        async with httpx.AsyncClient(base_url=base) as client:
+            deadline = time.monotonic() + 10
+            while (ready := await client.get("/readyz")).status_code == 200 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert ready.status_code == 503 and "stage worker died: stage-robot-policy" in ready.text
+        (reply,) = await asyncio.to_thread(_robots, _ws(base), [libero(1)])
+        assert isinstance(reply, RuntimeError) and "StageWorkerDied" in str(reply), reply
+    errors = [r.getMessage() for r in _errors(caplog)]
+    assert len(errors) == 1 and "died: killed by signal 9" in errors[0], errors
