@@ -2,13 +2,15 @@
 
 ``serve_in_process(config)`` runs the real uvicorn ``GracefulServer`` on an ephemeral port in
 the current event loop (so tests can measure event-loop lag and drive real clients) and yields
-its base URL once it listens and is ready. ``wait_ready`` polls ``/readyz``.
+its base URL once it listens and is ready. ``wait_ready`` polls ``/readyz``. ``robots_at_once``
+sends one observation from each of several openpi-client robots at the same instant.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator
 
 import httpx
@@ -50,3 +52,29 @@ async def serve_in_process(
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, timeout=60)
+
+
+def robots_at_once(url: str, observations: list[dict]) -> list[object]:
+    """One openpi-client robot per observation, all sending at once (blocking: call it in a
+    thread from a test's event loop); each one's reply, or the exception its ``infer`` raised."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    results: list[object] = [None] * len(observations)
+    barrier = threading.Barrier(len(observations))
+
+    def run(i: int) -> None:
+        client = WebsocketClientPolicy(url)
+        try:
+            barrier.wait(timeout=30)
+            results[i] = client.infer(observations[i])
+        except Exception as exc:  # noqa: BLE001 (the reply is the subject)
+            results[i] = exc
+        finally:
+            client._ws.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(observations))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results

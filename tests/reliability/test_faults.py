@@ -20,14 +20,13 @@ import time
 
 import httpx
 import pytest
-from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.asyncio.client import connect
 
 from realtime.bench.reliability import libero_observation
 from realtime.config import config_from_mapping
 from sessions.engine.worker import dead_workers
 from tests.realtime.rawws import RawClient
-from tests.serving import serve_in_process
+from tests.serving import robots_at_once, serve_in_process
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -74,26 +73,8 @@ def _errors(caplog) -> list[str]:
 
 
 def _robots(url: str, prompts: list[str]) -> list[object]:
-    """One openpi-client robot per prompt, all sending at once; each one's reply or exception."""
-    results: list[object] = [None] * len(prompts)
-    barrier = threading.Barrier(len(prompts))
-
-    def run(i: int) -> None:
-        client = WebsocketClientPolicy(url)
-        try:
-            barrier.wait(timeout=30)
-            results[i] = client.infer({**libero_observation(0), "prompt": prompts[i]})
-        except Exception as exc:  # noqa: BLE001 (the reply is the subject)
-            results[i] = exc
-        finally:
-            client._ws.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
+    """One openpi-client robot per prompt (a LIBERO observation), all sending at once."""
+    return robots_at_once(url, [{**libero_observation(0), "prompt": prompt} for prompt in prompts])
 
 
 async def test_a_forward_raising_for_one_item_fails_only_that_session(monkeypatch, caplog):

@@ -20,7 +20,6 @@ import time
 import httpx
 import numpy as np
 import pytest
-from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from realtime.bench.examples import droid, libero
 from realtime.config import RobotConfig, config_from_mapping
@@ -29,7 +28,7 @@ from realtime.kinds import robot as robot_kind
 from realtime.kinds.policy_process import ProcessPolicy
 from sessions.engine.worker import dead_workers
 from tests.robot import faulty_policy
-from tests.serving import serve_in_process
+from tests.serving import robots_at_once, serve_in_process
 
 pytestmark = pytest.mark.timeout(180)
 session_loop = pytest.mark.asyncio(loop_scope="session")  # the module's server lives on that loop
@@ -56,29 +55,6 @@ async def server():
 
 def _robot(srv):
     return next(kind for kind in srv.rt_app.state.rt.kinds if kind.name == "robot")
-
-
-def _robots(url: str, observations: list[dict]) -> list[object]:
-    """One openpi-client robot per observation, all sending at once; each one's reply or exception."""
-    results: list[object] = [None] * len(observations)
-    barrier = threading.Barrier(len(observations))
-
-    def run(i: int) -> None:
-        client = WebsocketClientPolicy(url)
-        try:
-            barrier.wait(timeout=30)
-            results[i] = client.infer(observations[i])
-        except Exception as exc:  # noqa: BLE001 (the reply is the subject)
-            results[i] = exc
-        finally:
-            client._ws.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(observations))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
 
 
 def _ws(base: str) -> str:
@@ -125,14 +101,14 @@ async def test_a_process_serves_the_threads_actions_and_outlives_signals(server)
     assert service.engine.worker.device == "cpu"  # the stage's thread only waits on the pipe
     local = robot_kind.build_policy(service.config)  # the thread's policy: same config, same seed
     observations = [libero(3), droid(5)]
-    replies = await asyncio.to_thread(_robots, _ws(base), observations)
+    replies = await asyncio.to_thread(robots_at_once, _ws(base), observations)
     for reply, obs in zip(replies, observations, strict=True):
         assert isinstance(reply, dict), reply
         np.testing.assert_allclose(reply["actions"], local.infer([local.prepare(obs)], [None])[0], atol=1e-5)
     for sig in (signal.SIGINT, signal.SIGTERM):  # the server's shutdown owns the child, not signals
         os.kill(policy.pid, sig)
     await asyncio.sleep(0.2)
-    (again,) = await asyncio.to_thread(_robots, _ws(base), [libero(3)])
+    (again,) = await asyncio.to_thread(robots_at_once, _ws(base), [libero(3)])
     assert isinstance(again, dict) and policy.process.is_alive()
     np.testing.assert_array_equal(again["actions"], replies[0]["actions"])
 
@@ -141,7 +117,7 @@ async def test_a_process_serves_the_threads_actions_and_outlives_signals(server)
 async def test_a_bad_observation_gets_its_typed_error_from_the_servers_prepare(server):
     base, _ = server
     bad = {**libero(0), "observation/state": np.zeros(3)}
-    (reply,) = await asyncio.to_thread(_robots, _ws(base), [bad])
+    (reply,) = await asyncio.to_thread(robots_at_once, _ws(base), [bad])
     assert isinstance(reply, RuntimeError), reply
     text = str(reply)
     assert "invalid_observation: " in text and "'observation/state'" in text and "Traceback" not in text
@@ -162,7 +138,7 @@ async def test_a_forward_raising_in_the_child_fails_only_its_item(server, caplog
         for _ in range(6):  # until the faulty request shared a forward (arrival times vary)
             forwards.clear()
             results = await asyncio.to_thread(
-                _robots, _ws(base), [{**libero(0), "prompt": p} for p in prompts]
+                robots_at_once, _ws(base), [{**libero(0), "prompt": p} for p in prompts]
             )
             failed, others = results[0], results[1:]
             assert isinstance(failed, RuntimeError) and "tick_failed" in str(failed), failed
@@ -185,12 +161,12 @@ async def test_a_killed_child_fails_its_sessions_typed_readyz_503_and_the_server
             policy = _robot(srv).policy
             assert isinstance(policy, ProcessPolicy)
             in_flight = asyncio.create_task(
-                asyncio.to_thread(_robots, _ws(base), [{**libero(0), "prompt": faulty_policy.SLOW}])
+                asyncio.to_thread(robots_at_once, _ws(base), [{**libero(0), "prompt": faulty_policy.SLOW}])
             )
             await asyncio.sleep(0.5)  # its forward sleeps in the child
             os.kill(policy.pid, signal.SIGKILL)
             (first,) = await asyncio.wait_for(in_flight, 30)
-            (later,) = await asyncio.to_thread(_robots, _ws(base), [libero(1)])
+            (later,) = await asyncio.to_thread(robots_at_once, _ws(base), [libero(1)])
             for reply in (first, later):
                 assert isinstance(reply, RuntimeError), reply
                 text = str(reply)
@@ -223,7 +199,7 @@ async def test_a_child_killed_while_idle_turns_readyz_503_without_a_forward(capl
             while (ready := await client.get("/readyz")).status_code == 200 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert ready.status_code == 503 and "stage worker died: stage-robot-policy" in ready.text
-        (reply,) = await asyncio.to_thread(_robots, _ws(base), [libero(1)])
+        (reply,) = await asyncio.to_thread(robots_at_once, _ws(base), [libero(1)])
         assert isinstance(reply, RuntimeError) and "StageWorkerDied" in str(reply), reply
     errors = [r.getMessage() for r in _errors(caplog)]
     assert len(errors) == 1 and "died: killed by signal 9" in errors[0], errors
