@@ -99,8 +99,8 @@ def _kernel():
         N, sm_scale, D: tl.constexpr, BLOCK_N: tl.constexpr,
     ):  # fmt: skip
         """One (row, head): an online softmax over the row's visible columns, block by block."""
-        b = tl.program_id(0)
-        h = tl.program_id(1)
+        b = tl.program_id(0).to(tl.int64)  # 64-bit offsets: a pool of many sessions passes 2**31 bytes
+        h = tl.program_id(1).to(tl.int64)
         d = tl.arange(0, D)
         q = tl.load(Q + b * sq_b + h * sq_h + d).to(tl.float32) * sm_scale
         m_i = -1e30  # finite: a block the row does not see leaves the running state unchanged
