@@ -138,3 +138,29 @@ def test_fp8_graph_replay_equals_the_fp8_eager_step_on_the_gpu() -> None:
         assert [o.text for o in eager] == [o.text for o in replayed]
         for a, b in zip(eager, replayed, strict=True):
             np.testing.assert_allclose(a.pcm, b.pcm, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not kv_fp8.fused_available(torch.device("cuda")), reason="needs CUDA and Triton")
+def test_the_fused_kernel_reads_rows_past_two_gigabytes_of_pool() -> None:
+    # a Moshi-shaped pool of 72 sessions is 57 GB: row offsets must not wrap at 2**31
+    torch.manual_seed(0)
+    N, D = 64, 128
+    flat = torch.zeros(2**31 + 2 * N * D, dtype=kv_fp8.FP8, device="cuda")
+    scales = torch.zeros(2, 2, 1, N, device="cuda")
+    keys = flat.as_strided((2, 1, N, D), (2**31, N * D, D, 1))
+    values = flat.as_strided((2, 1, N, D), (2**31, N * D, D, 1), storage_offset=N * D)
+    for i, stored in enumerate((keys, values)):
+        quantized, scale = kv_fp8.quantize(torch.randn(2, 1, N, D, device="cuda"))
+        stored.copy_(quantized)
+        scales[i] = scale
+    q = torch.randn(2, 1, 1, D, device="cuda", dtype=torch.bfloat16)
+    visible = torch.ones(2, 1, 1, N, dtype=torch.bool, device="cuda")
+    fused = kv_fp8.attend(q, keys, values, scales[0], scales[1], visible)
+    read = torch.nn.functional.scaled_dot_product_attention(
+        q.float(),
+        kv_fp8.dequantize(keys, scales[0], torch.float32),
+        kv_fp8.dequantize(values, scales[1], torch.float32),
+        attn_mask=visible,
+    )
+    torch.testing.assert_close(fused.float(), read, atol=2e-2, rtol=2e-2)
