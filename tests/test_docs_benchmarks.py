@@ -85,7 +85,7 @@ def scenario_choices(scenario: str) -> dict[str, set[str]]:
 def command_problems(command: str) -> list[str]:
     """What in ``command`` names no scenario, flag or committed script."""
     words = shlex.split(command)
-    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # environment assignments
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):  # environment assignments (quoted: spaces)
         words.pop(0)
     if words[:2] == ["realtime", "bench"] or words[:1] == ["bench"]:  # ``bench``: the scripts' function
         words = words[2:] if words[0] == "realtime" else words[1:]
