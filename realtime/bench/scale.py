@@ -13,7 +13,12 @@ clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this 
     one replica, then two (the same app scaled up, the same clients and load), and direct to the
     single server for reference. ``throughput_ratio_2_vs_1`` = chunks/s with two / with one (goal
     >= 1.8 where each replica has its own cores or GPU: on a machine with fewer cores than
-    replicas x ``--threads`` it cannot be, and the table says how many cores there were).
+    replicas x ``--threads`` it cannot be, and the table says how many cores there were). The
+    ratio is a ratio of capacities only when the load fills both replicas: the default is two
+    full batches of robots (2 x ``robot.max_batch``, 16), so one replica runs full batches with
+    a batch waiting and two replicas run full batches each; with fewer (``--clients 8``) two
+    replicas run half batches, and the ratio measures how much a half batch costs instead. Each
+    run's mean batch (from the replies' ``policy_timing``) is printed beside it.
 (c) Losing a replica: ``--clients`` robots, each naming its episode (openpi's ``session_id``
     observation key), over two replicas; one replica's process is killed. A robot whose socket
     closes (1012 from the proxy) reconnects at once and sends its next observation with the same
@@ -59,7 +64,7 @@ from typing import Any
 from realtime.bench import examples
 from realtime.bench.goals import goal_note
 from realtime.bench.robot import _client, ours, overhead, throughput
-from realtime.config import ConfigError, config_from_mapping
+from realtime.config import ConfigError, RobotConfig, config_from_mapping
 from realtime.scale.cores import pin_process, replica_block
 
 
@@ -69,8 +74,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _mean_batch(timings: list[dict]) -> float:
+    """The mean batch a run's replies were computed in (their ``policy_timing``'s ``batch_size``)."""
+    return statistics.fmean(t.get("batch_size", 1.0) for t in timings) if timings else 0.0
+
+
 def _ms(values: list[float], q: float) -> float:
     return round(statistics.quantiles(values, n=100)[int(q) - 1] * 1000, 2) if len(values) > 1 else 0.0
+
+
+ROBOT_MAX_BATCH = RobotConfig().max_batch
 
 
 def replica_config(policy: str, args: argparse.Namespace) -> Any:
@@ -256,14 +269,16 @@ def replicas_and_loss(
         if first:
             where += f", {CoreSplit.of(model).describe()}"
         print(f"(b) {args.policy}, {args.clients} robots closed loop, {args.seconds:g} s each, {where}:")
-        print("    server        chunks/s   p50 ms   p99 ms")
-        for name, (rate, latencies, _) in runs.items():
-            print(f"    {name:<12} {rate:9.1f} {_ms(latencies, 50):8.1f} {_ms(latencies, 99):8.1f}")
+        print("    server        chunks/s   p50 ms   p99 ms  mean batch")
+        for name, (rate, latencies, timings) in runs.items():
+            line = f"    {name:<12} {rate:9.1f} {_ms(latencies, 50):8.1f} {_ms(latencies, 99):8.1f}"
+            print(f"{line} {_mean_batch(timings):11.2f}")
         rate_1, rate_2 = runs["1 replica"][0], runs["2 replicas"][0]
         results |= {
             "throughput_ratio_2_vs_1": round(rate_2 / rate_1, 3) if rate_1 else None,
             "chunks_per_s": {name: round(rate, 1) for name, (rate, _, _) in runs.items()},
             "p99_ms": {name: _ms(latencies, 99) for name, (_, latencies, _) in runs.items()},
+            "mean_batch": {name: round(_mean_batch(timings), 2) for name, (_, _, timings) in runs.items()},
         }
     if "c" in parts:
         resume_ms = round(max(resumed) * 1000, 1) if resumed else None
@@ -283,7 +298,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="realtime bench scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=200, help="(a): round trips per server")
     p.add_argument("--blocks", type=int, default=10, help="(a): alternating blocks")
-    p.add_argument("--clients", type=int, default=8, help="(b), (c): concurrent robots")
+    p.add_argument(
+        "--clients",
+        type=int,
+        default=2 * ROBOT_MAX_BATCH,
+        help="(b), (c): concurrent robots (default: two full batches, so both replicas run full ones)",
+    )
     p.add_argument("--seconds", type=float, default=10.0, help="(b): seconds per measurement")
     p.add_argument("--threads", type=int, default=1, help="torch threads per server and replica")
     p.add_argument("--policy", default="pi0-tiny", help="(b), (c): the policy (pi0-shaped on a GPU)")
