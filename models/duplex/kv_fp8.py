@@ -8,7 +8,9 @@ done where the vector is written (one small op per layer and step); nothing else
 Reading: :func:`attend` attends one query per row over a row's stored columns under the
 visibility mask. On a CUDA device with Triton it is one kernel (:func:`_decode_kernel`: a
 flash-decoding loop over the row's columns that reads the FP8 bytes and their scales, and skips
-columns the row does not see), so a step reads one byte per stored number instead of two; elsewhere
+columns the row does not see; a step of few rows splits each row's columns into spans read by
+programs of their own and merged after, :func:`split_columns`, so a lone session's step still
+fills the GPU), so a step reads one byte per stored number instead of two; elsewhere
 (the CPU, or no Triton) the rows are dequantized to the query's dtype and read by SDPA: the same
 math, which is what the CPU tests hold the kernel to.
 """
@@ -74,17 +76,50 @@ def _fused(
         raise ValueError("the head dimension must be contiguous")
     out = torch.empty_like(q)
     mask = visible[:, 0, 0, :].view(torch.uint8)
-    _kernel()[(B, H)](
-        q, keys, values, k_scale, v_scale, mask, out,
+    splits, span = split_columns(B * H, N, _processors(q.device))
+    # one split writes the answer; several write their running state (max, sum, weighted values) here
+    partial = torch.empty(B, H, splits, D + 2, dtype=torch.float32, device=q.device) if splits > 1 else out
+    _kernel()[(B, H, splits)](
+        q, keys, values, k_scale, v_scale, mask, out, partial,
         q.stride(0), q.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         k_scale.stride(0), k_scale.stride(1), k_scale.stride(2),
         v_scale.stride(0), v_scale.stride(1), v_scale.stride(2),
         mask.stride(0), out.stride(0), out.stride(1),
-        N, 1.0 / math.sqrt(D), D=D, BLOCK_N=64, num_warps=4,
+        N, span, 1.0 / math.sqrt(D), D=D, BLOCK_N=BLOCK_N, SPLIT=splits > 1, num_warps=4,
     )  # fmt: skip
+    if splits > 1:
+        _merge_kernel()[(B, H)](
+            partial, out, out.stride(0), out.stride(1), splits, D=D, S=_pow2(splits), num_warps=1
+        )
     return out
+
+
+BLOCK_N = 64  # columns per step of the kernel's loop
+MAX_SPLITS = 16
+
+
+def split_columns(programs: int, columns: int, processors: int) -> tuple[int, int]:
+    """Flash-decoding's split: (splits, columns per split). A step of few rows has fewer (row,
+    head) programs than the GPU has processors, so each row's columns are cut into up to
+    :data:`MAX_SPLITS` spans of whole blocks, enough for about two programs per processor; each
+    span is read by its own program and the spans' softmax states are merged after."""
+    blocks = -(-columns // BLOCK_N)
+    splits = max(1, min(MAX_SPLITS, blocks, -(-2 * processors // programs)))
+    per_split = -(-blocks // splits)
+    return -(-blocks // per_split), per_split * BLOCK_N
+
+
+@functools.cache
+def _processors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 @functools.cache
@@ -93,22 +128,25 @@ def _kernel():
 
     @triton.jit
     def _decode_kernel(
-        Q, K, V, KS, VS, M, Out,
+        Q, K, V, KS, VS, M, Out, Part,
         sq_b, sq_h, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sks_b, sks_h, sks_n, svs_b, svs_h, svs_n,
         sm_b, so_b, so_h,
-        N, sm_scale, D: tl.constexpr, BLOCK_N: tl.constexpr,
+        N, span, sm_scale, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     ):  # fmt: skip
-        """One (row, head): an online softmax over the row's visible columns, block by block."""
+        """One (row, head, span of columns): an online softmax over the span's visible columns,
+        block by block; the answer, or with ``SPLIT`` the running (max, sum, values) for the merge."""
         b = tl.program_id(0).to(tl.int64)  # 64-bit offsets: a pool of many sessions passes 2**31 bytes
         h = tl.program_id(1).to(tl.int64)
+        part = tl.program_id(2)
         d = tl.arange(0, D)
         q = tl.load(Q + b * sq_b + h * sq_h + d).to(tl.float32) * sm_scale
         m_i = -1e30  # finite: a block the row does not see leaves the running state unchanged
         l_i = 0.0
         acc = tl.zeros([D], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
+        end = tl.minimum(N, (part + 1) * span)
+        for start in range(part * span, end, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
-            seen = tl.load(M + b * sm_b + n, mask=n < N, other=0) != 0  # unseen columns are not read
+            seen = tl.load(M + b * sm_b + n, mask=n < end, other=0) != 0  # unseen columns are not read
             k = tl.load(
                 K + b * sk_b + h * sk_h + n[:, None] * sk_n + d[None, :], mask=seen[:, None], other=0.0
             )
@@ -124,6 +162,35 @@ def _kernel():
             v_scale = tl.load(VS + b * svs_b + h * svs_h + n * svs_n, mask=seen, other=0.0)
             acc = acc * alpha + tl.sum((p * v_scale)[:, None] * v.to(tl.float32), axis=0)
             m_i = m_new
-        tl.store(Out + b * so_b + h * so_h + d, (acc / l_i).to(Out.dtype.element_ty))
+        if SPLIT:
+            row = Part + ((b * tl.num_programs(1) + h) * tl.num_programs(2) + part) * (D + 2)
+            tl.store(row + d, acc)
+            tl.store(row + D, m_i)
+            tl.store(row + D + 1, l_i)
+        else:
+            tl.store(Out + b * so_b + h * so_h + d, (acc / l_i).to(Out.dtype.element_ty))
 
     return _decode_kernel
+
+
+@functools.cache
+def _merge_kernel():
+    triton, tl = _triton()
+
+    @triton.jit
+    def _merge(Part, Out, so_b, so_h, splits, D: tl.constexpr, S: tl.constexpr):
+        """One (row, head): the spans' states rescaled to their common max and summed. A span the
+        row did not see has max -1e30 and sum 0, so its weight is 0."""
+        b = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1).to(tl.int64)
+        s = tl.arange(0, S)
+        d = tl.arange(0, D)
+        rows = Part + ((b * tl.num_programs(1) + h) * splits + s) * (D + 2)
+        m = tl.load(rows + D, mask=s < splits, other=-1e30)
+        l_s = tl.load(rows + D + 1, mask=s < splits, other=0.0)
+        acc = tl.load(rows[:, None] + d[None, :], mask=(s < splits)[:, None], other=0.0)
+        w = tl.exp(m - tl.max(m, axis=0))
+        out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l_s, axis=0)
+        tl.store(Out + b * so_b + h * so_h + d, out.to(Out.dtype.element_ty))
+
+    return _merge

@@ -98,18 +98,30 @@ def test_fp8_kv_is_a_config_error_for_models_whose_kv_is_their_librarys(model: s
         config_from_mapping({"duplex": {"enabled": True, "model": model, "kv_cache": "fp8"}})
 
 
+def test_few_rows_split_their_columns_into_whole_blocks_and_many_rows_do_not() -> None:
+    # an H100 has 132 processors: one row of 32 heads takes 8 spans of 6 blocks, 72 rows take one
+    assert kv_fp8.split_columns(32, 3001, 132) == (8, 384)
+    assert kv_fp8.split_columns(72 * 32, 3001, 132) == (1, 3008)
+    assert kv_fp8.split_columns(32, 100, 132) == (2, 64)  # no more spans than blocks
+    for programs, columns in [(1, 1), (8, 65), (32, 3001), (160, 3001)]:
+        splits, span = kv_fp8.split_columns(programs, columns, 132)
+        assert span % kv_fp8.BLOCK_N == 0 and (splits - 1) * span < columns <= splits * span
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not kv_fp8.fused_available(torch.device("cuda")), reason="needs CUDA and Triton")
-def test_the_fused_kernel_equals_the_dequantized_read_over_the_pool_layout() -> None:
+@pytest.mark.parametrize("steps", [(0, 17, 2999, 5000, -1), (5000,)], ids=["five rows", "one row, split"])
+def test_the_fused_kernel_equals_the_dequantized_read_over_the_pool_layout(steps: tuple[int, ...]) -> None:
     torch.manual_seed(0)
-    B, H, N, D = 5, 32, 3001, 128
+    B, H, N, D = len(steps), 32, 3001, 128
+    assert kv_fp8.split_columns(B * H, N, torch.cuda.get_device_properties(0).multi_processor_count)[0] > 1
     pool = torch.zeros(8, 2, 2, H, N, D, dtype=kv_fp8.FP8, device="cuda")
     scales = torch.zeros(8, 2, 2, H, N, device="cuda")
     for i in range(2):
         values, s = kv_fp8.quantize(torch.randn(B, H, N, D, device="cuda") * 2)
         pool[:B, 1, i], scales[:B, 1, i] = values, s
     q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.bfloat16)
-    t = torch.tensor([0, 17, 2999, 5000, -1], device="cuda")  # fresh, young, full, rolled, padding
+    t = torch.tensor(steps, device="cuda")  # fresh, young, full, rolled, padding
     col = torch.arange(N, device="cuda")[None, :]
     own = torch.where(t >= 0, torch.where(t < N - 1, t, t % (N - 1)), N - 1)
     visible = (((col <= t[:, None]) & (col < N - 1)) | (col == own[:, None]))[:, None, None, :]
