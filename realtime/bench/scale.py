@@ -20,12 +20,19 @@ clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this 
     replicas run half batches, and the ratio measures how much a half batch costs instead. Each
     run's mean batch (from the replies' ``policy_timing``) is printed beside it.
 (c) Losing a replica: ``--clients`` robots, each naming its episode (openpi's ``session_id``
-    observation key), over two replicas; one replica's process is killed. A robot whose socket
+    observation key), and ``--voice-sessions`` voice sessions (the official ``openai`` SDK, each
+    holding a user item), over two replicas; one replica's process is killed. A robot whose socket
     closes (1012 from the proxy) reconnects at once and sends its next observation with the same
     episode: the proxy places it on the live replica, which resumes the episode from its
-    checkpoint (the last chunk, for real-time chunking). ``resume_after_loss_ms`` = the slowest
-    such robot's time from the kill to its first reply on the live replica (goal <= 2000);
-    ``lost_sessions`` = robots not served again within :data:`RESUME_DEADLINE_S` (goal 0).
+    checkpoint (the last chunk, for real-time chunking). A voice session's SDK reconnects by
+    itself on the 1012, its ``on_reconnecting`` hook naming the session (``scale_voice.py``); the
+    live replica restores it (same id, its item replayed), and the bench asks for a reply.
+    ``resume_after_loss_ms`` = the slowest resumed session's time from the kill to its first reply
+    on the live replica (a robot's actions, a voice reply's first audio; goal <= 2000), with each
+    kind's own (``resume_after_loss_ms_robot``, ``_voice``, and ``restore_after_loss_ms_voice``:
+    the conversation back, before the reply); ``lost_sessions`` = sessions of either kind not
+    served again within :data:`RESUME_DEADLINE_S` (goal 0). Where the voice kind cannot serve
+    (its packages missing) the line says so and only robots count.
 
 ``--cores LIST`` gives each replica cores of its own (``replicas.cpu_affinity``): replica ``r``
 pins itself to the ``r``-th block of ``--cpus-per-replica`` cores of ``LIST``, the single server
@@ -48,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -64,8 +72,10 @@ from typing import Any
 from realtime.bench import examples
 from realtime.bench.goals import goal_note
 from realtime.bench.robot import _client, ours, overhead, throughput
+from realtime.bench.scale_voice import Resumed, VoiceEpisode
 from realtime.config import ConfigError, RobotConfig, config_from_mapping
 from realtime.scale.cores import pin_process, replica_block
+from sessions.identities import session_replica_tag
 
 
 def _free_port() -> int:
@@ -86,13 +96,14 @@ def _ms(values: list[float], q: float) -> float:
 ROBOT_MAX_BATCH = RobotConfig().max_batch
 
 
-def replica_config(policy: str, args: argparse.Namespace) -> Any:
+def replica_config(policy: str, args: argparse.Namespace, voice: bool = False) -> Any:
     robot = {"policy": policy, "torch_threads": args.threads, "idle_timeout_s": 0, "device": args.device}
     return config_from_mapping(
         {
             "server": {"log_level": "warning", "shutdown_timeout_s": 5},
             "robot": {"enabled": True, **robot},
             "world": {"enabled": False},
+            "voice": {"enabled": voice, "torch_threads": args.threads},
             "replicas": {
                 "num_cpus": args.cpus_per_replica,
                 "num_gpus": 1.0 if args.device == "cuda" else 0.0,
@@ -200,33 +211,76 @@ def _served_again(url: str, robot: Any, obs: dict, killed_at: float) -> tuple[fl
     return None, False
 
 
-def replica_loss(url: str, clients: int) -> tuple[int, list[float], int]:
-    """(c): ``clients`` robots over two replicas, one replica killed: (lost, the resumed robots'
-    seconds from the kill to their first reply elsewhere, total)."""
+@dataclass(frozen=True)
+class LossOutcome:
+    """(c)'s figures per kind: seconds from the kill to each resumed session's first reply on the
+    other replica, how many were on the lost replica, how many of them were not served again."""
+
+    resumed: list[float]
+    on_lost_replica: int
+    lost: int
+    restored: list[float] = dataclasses.field(default_factory=list)  # voice: before its reply
+    why_lost: list[str] = dataclasses.field(default_factory=list)
+
+
+def open_voices(url: str, voices: int) -> list[VoiceEpisode]:
+    """The voice sessions of (c); none, with the reason printed, where the kind does not serve
+    (the voice kind's packages missing: the device image has none of them)."""
+    try:
+        return [VoiceEpisode.open(url, i) for i in range(voices)]
+    except Exception as exc:  # noqa: BLE001 - the reason is the figure's caveat
+        print(f"(c) voice sessions not measured: {type(exc).__name__}: {exc}")
+        return []
+
+
+def replica_loss(url: str, clients: int, voices: int) -> dict[str, LossOutcome]:
+    """(c): ``clients`` robots and ``voices`` voice sessions over two replicas, one replica killed."""
     robots = [_client(url) for _ in range(clients)]
     episodes = [{**examples.libero(0), "session_id": f"bench-episode-{i}"} for i in range(clients)]
     for robot, obs in zip(robots, episodes, strict=True):
         robot.infer(obs)
         robot.infer(obs)  # a chunk to checkpoint
+    spoken = open_voices(url, voices)
     time.sleep(0.5)  # > replicas.checkpoint_interval_s: every episode's last chunk is stored
     victim = status(url)["replicas"][0]
     os.kill(victim["pid"], signal.SIGKILL)
     killed_at = time.monotonic()
-    outcomes: list[tuple[float | None, bool]] = [(None, False)] * clients
+    robot_outcomes: list[tuple[float | None, bool]] = [(None, False)] * clients
+    lost_voices = [v for v in spoken if session_replica_tag(v.session_id) == victim["replica"]]
+    voice_outcomes: list[Resumed | str] = ["not run"] * len(lost_voices)
 
-    def one(i: int) -> None:
-        outcomes[i] = _served_again(url, robots[i], episodes[i], killed_at)
+    def robot(i: int) -> None:
+        robot_outcomes[i] = _served_again(url, robots[i], episodes[i], killed_at)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(clients)]
+    def voice(i: int) -> None:
+        voice_outcomes[i] = lost_voices[i].reply_after_loss(killed_at, RESUME_DEADLINE_S)
+
+    threads = [threading.Thread(target=robot, args=(i,)) for i in range(clients)]
+    threads += [threading.Thread(target=voice, args=(i,)) for i in range(len(lost_voices))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    for robot in robots:
+    for robot_client in robots:
         with contextlib.suppress(Exception):
-            robot.close()
-    lost = sum(1 for _, served in outcomes if not served)
-    return lost, [s for s, _ in outcomes if s is not None], clients
+            robot_client.close()
+    for spoken_episode in spoken:
+        spoken_episode.close()
+    robot_resumed = [s for s, _ in robot_outcomes if s is not None]
+    return {
+        "robot": LossOutcome(
+            robot_resumed,
+            on_lost_replica=len(robot_resumed) + sum(1 for _, served in robot_outcomes if not served),
+            lost=sum(1 for _, served in robot_outcomes if not served),
+        ),
+        "voice": LossOutcome(
+            [s.first_audio_s for s in voice_outcomes if isinstance(s, Resumed)],
+            restored=[s.restored_s for s in voice_outcomes if isinstance(s, Resumed)],
+            on_lost_replica=len(lost_voices),
+            lost=sum(1 for s in voice_outcomes if isinstance(s, str)),
+            why_lost=sorted({s for s in voice_outcomes if isinstance(s, str)}),
+        ),
+    }
 
 
 def proxy_cost(args: argparse.Namespace, zeros: Any, first: tuple[int, ...] | None, port: int) -> dict:
@@ -263,7 +317,7 @@ def replicas_and_loss(
             scale_to(model, 2, proxied)
             runs["2 replicas"] = throughput(proxied, args.clients, args.seconds)
         if "c" in parts:
-            lost, resumed, total = replica_loss(proxied, args.clients)
+            outcomes = replica_loss(proxied, args.clients, args.voice_sessions)
     if runs:
         where = f"{os.cpu_count()} cores" + (", one GPU per replica" if args.device == "cuda" else "")
         if first:
@@ -281,17 +335,42 @@ def replicas_and_loss(
             "mean_batch": {name: round(_mean_batch(timings), 2) for name, (_, _, timings) in runs.items()},
         }
     if "c" in parts:
-        resume_ms = round(max(resumed) * 1000, 1) if resumed else None
-        print(
-            f"(c) one of two replicas killed: {len(resumed)} of {total} robots resumed on the other replica, "
-            f"slowest {resume_ms} ms after the kill; {lost} not served again within {RESUME_DEADLINE_S:g} s"
-        )
-        results |= {
-            "resume_after_loss_ms": resume_ms,
-            "lost_sessions": lost,
-            "resumed_after_loss": len(resumed),
-        }
+        results |= loss_figures(outcomes, args)
     return results
+
+
+def _slowest_ms(seconds: list[float]) -> float | None:
+    return round(max(seconds) * 1000, 1) if seconds else None
+
+
+def loss_figures(outcomes: dict[str, LossOutcome], args: argparse.Namespace) -> dict:
+    """(c)'s lines and keys: ``resume_after_loss_ms`` is the slowest resumed session of any kind,
+    ``lost_sessions`` the sessions of every kind not served again; each kind's own beside them."""
+    offered = {"robot": args.clients, "voice": args.voice_sessions}
+    results: dict[str, Any] = {}
+    for kind, outcome in outcomes.items():
+        slowest = _slowest_ms(outcome.resumed)
+        reply = "reply" if kind == "robot" else "audio of a reply"
+        line = (
+            f"(c) one of two replicas killed: {offered[kind]} {kind} sessions, {outcome.on_lost_replica} "
+            f"on it, {len(outcome.resumed)} resumed on the other: slowest first {reply} {slowest} ms after the kill"
+        )
+        if outcome.restored:
+            results[f"restore_after_loss_ms_{kind}"] = _slowest_ms(outcome.restored)
+            line += f" (its conversation back after {_slowest_ms(outcome.restored)} ms)"
+        print(f"{line}; {outcome.lost} not served again within {RESUME_DEADLINE_S:g} s")
+        for why in outcome.why_lost:
+            print(f"    lost: {why}")
+        results |= {
+            f"resume_after_loss_ms_{kind}": slowest,
+            f"lost_sessions_{kind}": outcome.lost,
+            f"resumed_after_loss_{kind}": len(outcome.resumed),
+        }
+    return {
+        "resume_after_loss_ms": _slowest_ms([s for outcome in outcomes.values() for s in outcome.resumed]),
+        "lost_sessions": sum(outcome.lost for outcome in outcomes.values()),
+        **results,
+    }
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -303,6 +382,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=2 * ROBOT_MAX_BATCH,
         help="(b), (c): concurrent robots (default: two full batches, so both replicas run full ones)",
+    )
+    p.add_argument(
+        "--voice-sessions",
+        type=int,
+        default=4,
+        help="(c): voice sessions through the openai SDK beside the robots (0: robots only)",
     )
     p.add_argument("--seconds", type=float, default=10.0, help="(b): seconds per measurement")
     p.add_argument("--threads", type=int, default=1, help="torch threads per server and replica")
@@ -344,7 +429,8 @@ def main(argv: list[str]) -> int:
         return 2
     cores, load = os.cpu_count() or 1, os.getloadavg()
     try:
-        zeros, model = replica_config("zeros", args), replica_config(args.policy, args)
+        voice = "c" in parts and args.voice_sessions > 0
+        zeros, model = replica_config("zeros", args), replica_config(args.policy, args, voice)
         check_config(model, "--cores", 2)
     except ConfigError as exc:
         print(f"bench scale: {exc}", file=sys.stderr)

@@ -231,16 +231,29 @@ async def duplex_per_replica(cluster) -> list[tuple[websockets.ClientConnection,
     return await one_per_replica(open_one, lambda o: o[1], close)
 
 
-async def voice_with_an_item(openai: AsyncOpenAI, stack: contextlib.AsyncExitStack, text: str) -> str:
-    """A voice session (the unmodified OpenAI client) holding one user item saying ``text``."""
-    conn = await stack.enter_async_context(openai.realtime.connect(model="gpt-realtime", max_retries=0))
-    created = await asyncio.wait_for(conn.recv(), 30)
+async def voice_with_an_item(openai: AsyncOpenAI, stack: contextlib.AsyncExitStack, text: str) -> tuple:
+    """A voice session (the unmodified OpenAI client) holding one user item saying ``text``:
+    (its id, the connection, the connection's event iterator). The SDK reconnects by itself on
+    1012 while it is iterated; its ``on_reconnecting`` hook names the session in the next
+    attempt's query, which makes the reconnect a resume (docs/scaling.md)."""
+    named: dict[str, str] = {}
+    conn = await stack.enter_async_context(
+        openai.realtime.connect(
+            model="gpt-realtime",
+            on_reconnecting=lambda event: {"extra_query": {**event.extra_query, "session_id": named["id"]}},
+            initial_delay=0.05,
+            max_delay=0.5,
+        )
+    )
+    events = aiter(conn)
+    created = await asyncio.wait_for(anext(events), 30)
+    named["id"] = created.session.id
     await conn.conversation.item.create(
         item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
     )
-    while (await asyncio.wait_for(conn.recv(), 30)).type != "conversation.item.done":
+    while (await asyncio.wait_for(anext(events), 30)).type != "conversation.item.done":
         pass
-    return created.session.id
+    return created.session.id, conn, events
 
 
 async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resume_on_the_other(cluster):
@@ -251,11 +264,14 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resum
 
         async def open_voice():  # noqa: ANN202
             stack = await voices.enter_async_context(contextlib.AsyncExitStack())
-            return stack, await voice_with_an_item(openai, stack, "remember this")
+            return stack, *await voice_with_an_item(openai, stack, "remember this")
 
-        spoken = [
-            sid for _, sid in await one_per_replica(open_voice, lambda o: o[1], lambda o: o[0].aclose())
-        ]
+        spoken = {
+            sid: events
+            for _, sid, _, events in await one_per_replica(
+                open_voice, lambda o: o[1], lambda o: o[0].aclose()
+            )
+        }
         cursors = {}
         for ws, sid, _ in sockets:  # what each client holds when its replica dies
             cursors[sid] = max(e["server_event_seq"] for e in await events_after(ws, 0.3))
@@ -268,6 +284,14 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resum
         assert len(lost) == len(kept) == 1
         for sid, _ in lost:
             assert await asyncio.wait_for(watchers[sid], 30) == (LOST_CODE, LOST_REASON)
+        # the lost voice session: the SDK's own reconnect, naming it, gets its id and conversation back
+        lost_voice = next(sid for sid in spoken if session_replica_tag(sid) == victim["replica"])
+        events = spoken[lost_voice]
+        created = await asyncio.wait_for(anext(events), 30)
+        assert created.type == "session.created" and created.session.id == lost_voice
+        replayed = [await asyncio.wait_for(anext(events), 30) for _ in range(3)]
+        items = [e.item for e in replayed if e.type == "conversation.item.done"]
+        assert [i.content[0].text for i in items] == ["remember this"], replayed
     # each lost duplex session resumes on the other replica: same id, its journal replayed
     # from the client's cursor (what the client had read before the last checkpoint)
     for sid, token in lost:
@@ -283,16 +307,6 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resum
             await asyncio.to_thread(robot.infer, examples.libero())
             served += 1
     assert served == 1
-    # the lost voice session: a reconnect naming it gets its id and its conversation back
-    lost_voice = next(sid for sid in spoken if session_replica_tag(sid) == victim["replica"])
-    async with openai.realtime.connect(
-        model="gpt-realtime", extra_query={"session_id": lost_voice}, max_retries=0
-    ) as conn:
-        created = await asyncio.wait_for(conn.recv(), 30)
-        assert created.type == "session.created" and created.session.id == lost_voice
-        events = [await asyncio.wait_for(conn.recv(), 30) for _ in range(3)]
-        items = [e.item for e in events if e.type == "conversation.item.done"]
-        assert [i.content[0].text for i in items] == ["remember this"], events
     # a session the lost replica never checkpointed fails fast and typed
     unknown = f"duplex-{victim['replica']}.0000000000000000"
     ws = await websockets.connect(f"{cluster.ws}/v1/duplex?autostart=0&session_id={unknown}")
