@@ -220,6 +220,7 @@ class LossOutcome:
     on_lost_replica: int
     lost: int
     restored: list[float] = dataclasses.field(default_factory=list)  # voice: before its reply
+    reply_before: list[float] = dataclasses.field(default_factory=list)  # voice: a reply, no loss
     why_lost: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -241,6 +242,11 @@ def replica_loss(url: str, clients: int, voices: int) -> dict[str, LossOutcome]:
         robot.infer(obs)
         robot.infer(obs)  # a chunk to checkpoint
     spoken = open_voices(url, voices)
+    replying = [threading.Thread(target=episode.reply) for episode in spoken]  # all at once, as after
+    for thread in replying:
+        thread.start()
+    for thread in replying:
+        thread.join()
     time.sleep(0.5)  # > replicas.checkpoint_interval_s: every episode's last chunk is stored
     victim = status(url)["replicas"][0]
     os.kill(victim["pid"], signal.SIGKILL)
@@ -276,6 +282,7 @@ def replica_loss(url: str, clients: int, voices: int) -> dict[str, LossOutcome]:
         "voice": LossOutcome(
             [s.first_audio_s for s in voice_outcomes if isinstance(s, Resumed)],
             restored=[s.restored_s for s in voice_outcomes if isinstance(s, Resumed)],
+            reply_before=[v.reply_before_s for v in lost_voices if v.reply_before_s is not None],
             on_lost_replica=len(lost_voices),
             lost=sum(1 for s in voice_outcomes if isinstance(s, str)),
             why_lost=sorted({s for s in voice_outcomes if isinstance(s, str)}),
@@ -357,7 +364,11 @@ def loss_figures(outcomes: dict[str, LossOutcome], args: argparse.Namespace) -> 
         )
         if outcome.restored:
             results[f"restore_after_loss_ms_{kind}"] = _slowest_ms(outcome.restored)
-            line += f" (its conversation back after {_slowest_ms(outcome.restored)} ms)"
+            results[f"reply_ms_before_loss_{kind}"] = _slowest_ms(outcome.reply_before)
+            line += (
+                f" (its conversation back after {_slowest_ms(outcome.restored)} ms; the same sessions' "
+                f"replies before the loss, all at once: first audio after {_slowest_ms(outcome.reply_before)} ms)"
+            )
         print(f"{line}; {outcome.lost} not served again within {RESUME_DEADLINE_S:g} s")
         for why in outcome.why_lost:
             print(f"    lost: {why}")

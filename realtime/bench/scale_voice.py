@@ -59,6 +59,7 @@ class VoiceEpisode:
     events: Iterator[Any]  # the SDK reconnects while it is iterated (``recv`` alone does not)
     session_id: str
     remembered: str
+    reply_before_s: float | None = None  # a reply's first audio before the loss (:meth:`reply`)
 
     @classmethod
     def open(cls, url: str, index: int) -> VoiceEpisode:
@@ -84,6 +85,15 @@ class VoiceEpisode:
         connection.conversation.item.create(item={"type": "message", "role": "user", "content": content})
         _until(events, "conversation.item.done")
         return cls(manager, connection, events, named["id"], remembered)
+
+    def reply(self) -> None:
+        """Ask for a reply and keep the time to its first audio (``reply_before_s``): what a reply
+        costs on this machine without a loss; wait for the reply's end."""
+        asked = time.monotonic()
+        self.connection.response.create()
+        _until(self.events, "response.output_audio.delta")
+        self.reply_before_s = time.monotonic() - asked
+        _until(self.events, "response.done")
 
     def reply_after_loss(self, killed_at: float, deadline_s: float) -> Resumed | str:
         """The times from ``killed_at`` to the session restored and to the first audio of a reply
