@@ -72,7 +72,7 @@ from typing import Any
 from realtime.bench import examples
 from realtime.bench.goals import goal_note
 from realtime.bench.robot import _client, ours, overhead, throughput
-from realtime.bench.scale_voice import Resumed, VoiceEpisode
+from realtime.bench.scale_voice import Resumed, VoiceEpisode, why_voice_cannot_serve
 from realtime.config import ConfigError, RobotConfig, config_from_mapping
 from realtime.scale.cores import pin_process, replica_block
 from sessions.identities import session_replica_tag
@@ -441,6 +441,9 @@ def main(argv: list[str]) -> int:
     cores, load = os.cpu_count() or 1, os.getloadavg()
     try:
         voice = "c" in parts and args.voice_sessions > 0
+        if voice and (why := why_voice_cannot_serve()) is not None:
+            print(f"(c) voice sessions not measured: this machine cannot serve the voice kind ({why})")
+            voice, args.voice_sessions = False, 0
         zeros, model = replica_config("zeros", args), replica_config(args.policy, args, voice)
         check_config(model, "--cores", 2)
     except ConfigError as exc:

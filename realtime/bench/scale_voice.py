@@ -23,6 +23,21 @@ RECONNECT_DELAY_S = 0.05
 RECONNECT_MAX_DELAY_S = 0.5
 
 
+def why_voice_cannot_serve() -> str | None:
+    """``None`` when this machine can serve the voice kind (its libraries import, the packages
+    carrying its weights are installed); else why not. The replicas run here: without this check a
+    missing library would fail their start (only missing weights make a kind unavailable)."""
+    try:
+        from models.voice import asr, llm, tts, vad
+        from models.voice.weights import locate
+
+        for item in (*asr.WHISPER_BASE_FILES, llm.SMOLLM2_GGUF, tts.HIBARI_ONNX, vad.SILERO_ONNX):
+            locate(item)
+    except Exception as exc:  # noqa: BLE001 - the reason is the figure's caveat
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 class SessionNotRestored(Exception):
     """The reconnected session is not the one the client had (another id, its conversation gone)."""
 
