@@ -238,9 +238,9 @@ def replica_loss(url: str, clients: int, voices: int) -> dict[str, LossOutcome]:
     """(c): ``clients`` robots and ``voices`` voice sessions over two replicas, one replica killed."""
     robots = [_client(url) for _ in range(clients)]
     episodes = [{**examples.libero(0), "session_id": f"bench-episode-{i}"} for i in range(clients)]
-    for robot, obs in zip(robots, episodes, strict=True):
-        robot.infer(obs)
-        robot.infer(obs)  # a chunk to checkpoint
+    for client, obs in zip(robots, episodes, strict=True):
+        client.infer(obs)
+        client.infer(obs)  # a chunk to checkpoint
     spoken = open_voices(url, voices)
     replying = [threading.Thread(target=episode.reply) for episode in spoken]  # all at once, as after
     for thread in replying:
@@ -356,6 +356,8 @@ def loss_figures(outcomes: dict[str, LossOutcome], args: argparse.Namespace) -> 
     offered = {"robot": args.clients, "voice": args.voice_sessions}
     results: dict[str, Any] = {}
     for kind, outcome in outcomes.items():
+        if not offered[kind]:
+            continue
         slowest = _slowest_ms(outcome.resumed)
         reply = "reply" if kind == "robot" else "audio of a reply"
         line = (
