@@ -370,6 +370,9 @@ class Connection:
         }
         self._close: Close | None = None
         self._ended = asyncio.Event()
+        #: The runtime ended the session and the kind says goodbye: its goodbye is the last word,
+        #: so nothing read or posted after is handled (an append refused by the closing session).
+        self._saying_goodbye = False
         self._children: set[asyncio.Task] = set()
         self._runner: SessionRunner | None = None
         if not handler.inline:
@@ -503,7 +506,7 @@ class Connection:
 
     async def _handle(self, item: Any) -> None:
         """The runner's step (or the reader's, for inline kinds): one item through the handler."""
-        if self._ended.is_set():
+        if self._ended.is_set() or self._saying_goodbye:
             return
         try:
             session = self.session
@@ -533,6 +536,7 @@ class Connection:
         reason = await session.wait_closed()
         if reason in ("close", "disconnect") or self._ended.is_set():
             return  # the connection itself asked for it
+        self._saying_goodbye = True
         try:  # the goodbye is bounded: a client that does not read cannot keep the connection
             close = await asyncio.wait_for(self.handler.session_ended(self, reason), CLOSE_FLUSH_S)
         except TimeoutError:
