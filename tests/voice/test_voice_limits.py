@@ -39,10 +39,13 @@ async def test_lifetime_warns_then_expires_with_openais_error_and_closes_1008(se
             expired = (await events.until("error", timeout=10))[-1]["error"]
             assert expired["code"] == "session_expired"
             assert expired["message"] == "Your session hit the maximum duration of 1 minutes."
+            after: list[bytes] = []  # the goodbye is the last word: nothing may follow it but the close
             with pytest.raises(websockets.ConnectionClosed) as closed:
-                await asyncio.wait_for(conn.recv_bytes(), 10)
+                while True:
+                    after.append(await asyncio.wait_for(conn.recv_bytes(), 10))
         finally:
             activity.cancel()
+        assert after == []
         assert (
             closed.value.rcvd.code == 1008 and closed.value.rcvd.reason == "maximum session lifetime reached"
         )
