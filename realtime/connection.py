@@ -371,7 +371,9 @@ class Connection:
         self._close: Close | None = None
         self._ended = asyncio.Event()
         #: The runtime ended the session and the kind says goodbye: its goodbye is the last word,
-        #: so nothing read or posted after is handled (an append refused by the closing session).
+        #: so nothing read or posted after is handled. ``end()`` alone comes too late: the goodbye
+        #: runs as wait_for's own task, and the runner could answer in between (an append refused
+        #: by the closing session, after the voice kind's ``session_expired``).
         self._saying_goodbye = False
         self._children: set[asyncio.Task] = set()
         self._runner: SessionRunner | None = None
