@@ -131,7 +131,8 @@ class KindHandler(Protocol):
         ...
 
     async def session_ended(self, conn: Connection, reason: str) -> Close:
-        """The runtime closed the session (idle, lifetime, eviction, shutdown); say goodbye."""
+        """The runtime closed the session (idle, lifetime, eviction, shutdown); say goodbye. It is
+        the last word: from its start, nothing the client sends or the kind posts is handled."""
         ...
 
 
