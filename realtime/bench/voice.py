@@ -12,6 +12,9 @@ Last line: JSON with ``ttfa_ms_N`` / ``ttfa_ms_N_p95`` / ``stall_ms_N_p95`` / ``
 ``overhead_ms_1``, ``ttfa_chunked_ms_1``, ``ttfa_full_ms_1``, ``ttfa_chunked_vs_full_ratio``,
 ``ttfa_ms_4_transformers``, ``cycle_s``.
 
+``realtime bench voice --shape real`` runs the conversation load alone with every model at a real
+shape on a GPU (``realtime/bench/voice_shapes.py``: issue 30's ``ttfa_ms_p50_32``).
+
 ``realtime bench voice --transport webrtc`` (``OMP_NUM_THREADS=1 realtime bench voice --transport
 webrtc``) measures instead TTFA over WebRTC calls against the websocket, the same turns on one
 server at 1 and 8 sessions (``realtime/bench/voice_webrtc.py``; issue 31's goal: WebRTC adds
@@ -397,6 +400,17 @@ def main(argv: list[str]) -> int:
         help="transformers always runs (model time, chunked vs full); vllm adds both modes on that backend",
     )
     p.add_argument("--vllm-eager", action="store_true", help="voice.vllm_enforce_eager (faster start)")
+    p.add_argument("--shape", choices=["default", "real", "tiny"], default="default",
+                   help="real: the cascade at real model shapes on a GPU, the conversation load only "
+                   "(realtime/bench/voice_shapes.py; issue 30's ttfa_ms_p50_32); tiny: the same at test "
+                   "sizes (with --device cpu)")  # fmt: skip
+    p.add_argument(
+        "--device",
+        default="cuda",
+        help="--shape real/tiny: the ASR's device, where the weights are drawn (default cuda)",
+    )
+    p.add_argument("--models-dir", default="/tmp/voice-real-shapes",
+                   help="--shape real/tiny: where the random-weight folders are written once (real: ~17 GB)")  # fmt: skip
     p.add_argument("--set", type=voice_setting, action="append", default=[], metavar="KEY=VALUE",
                    help="a voice.* setting for the bench's servers (VALUE as JSON, else a string); repeatable")  # fmt: skip
     args = p.parse_args(argv)
@@ -418,6 +432,14 @@ def main(argv: list[str]) -> int:
         p.error("--transport webrtc needs the webrtc extra: pip install -e '.[webrtc]'")
     if not webrtc and importlib.util.find_spec("openai") is None:
         p.error("the conversation-load clients are the openai SDK's: pip install 'realtime-sessions[test]'")
+    if args.shape != "default":
+        from realtime.bench import voice_shapes
+
+        if webrtc or not importlib.util.find_spec("vllm"):
+            p.error("--shape real runs over the websocket on vLLM: pip install -e '.[vllm]'")
+        figures = asyncio.run(voice_shapes.run(args))
+        print(json.dumps({**figures, "shape": args.shape, "turns": args.turns, "set": dict(args.set)}))
+        return 0
     if webrtc:
         from realtime.bench import voice_webrtc
 
