@@ -44,6 +44,7 @@ GENERATION = "generation_config.json"
 PREPROCESSOR = "preprocessor_config.json"
 TIED = "proj_out.weight"  # the token embedding again
 _LANGUAGE = re.compile(r"<\|([a-z]{2,3})\|>")  # <|en|>, <|haw|>, <|yue|>
+MULTILINGUAL_VOCAB = 51865  # smaller vocabularies are English-only models (openai-whisper's rule)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,8 @@ class WhisperDims:
 @dataclass(frozen=True, slots=True)
 class SpecialTokens:
     """The tokenizer's special ids. ``languages`` maps a code ("en") to its token's id; it is
-    empty for English-only models, whose prompt has no language and task."""
+    empty for English-only models (:data:`MULTILINGUAL_VOCAB`), whose prompt has no language and
+    task."""
 
     eot: int
     sot: int
@@ -105,7 +107,7 @@ class SpecialTokens:
         languages = {
             m.group(1): i
             for i, t in sorted(added.items())
-            if (m := _LANGUAGE.fullmatch(t.content)) and i < vocab_size
+            if (m := _LANGUAGE.fullmatch(t.content)) and i < vocab_size and vocab_size >= MULTILINGUAL_VOCAB
         }
         return cls(
             eot=find("<|endoftext|>"),
@@ -130,10 +132,10 @@ class SpecialTokens:
 
 @dataclass(frozen=True, slots=True)
 class Suppression:
-    """Tokens never generated, and tokens not generated first: the folder's
-    ``generation_config.json`` ``suppress_tokens`` / ``begin_suppress_tokens`` where it has them,
-    else the same keys of ``config.json`` (CTranslate2's converter reads them in that order), else
-    none."""
+    """Tokens never generated, and tokens not generated first: ``suppress_tokens`` and
+    ``begin_suppress_tokens`` of the folder's ``generation_config.json`` where the file exists,
+    else of ``config.json`` (CTranslate2's converter reads them so, and its Whisper suppresses
+    exactly these by default); a missing or null list suppresses nothing."""
 
     tokens: tuple[int, ...] = ()
     at_begin: tuple[int, ...] = ()
@@ -167,48 +169,13 @@ class WhisperFolder:
 def inspect_folder(folder: str | Path) -> WhisperFolder:
     """Check a Hugging Face Whisper folder without reading its weights; every problem raises
     :class:`CheckpointError`, one line naming the file."""
-    from safetensors import SafetensorError, safe_open
-    from tokenizers import Tokenizer
-
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(folder, "no such folder" if not folder.exists() else "not a folder")
     config = read_json(folder / CONFIG)
-    if config.get("model_type") != "whisper":
-        raise CheckpointError(folder / CONFIG, f"model_type is {config.get('model_type')!r}, not 'whisper'")
-    if config.get("activation_function", "gelu") != "gelu":
-        raise CheckpointError(
-            folder / CONFIG, f"activation_function {config['activation_function']!r} (Whisper's is gelu)"
-        )
-    dims = WhisperDims.from_config(config, folder / CONFIG)
-    weights = folder / WEIGHTS
-    if not weights.is_file():
-        raise CheckpointError(weights, "file not found")
-    try:
-        with safe_open(weights, "numpy") as f:
-            found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
-    except SafetensorError as exc:
-        raise CheckpointError(weights, f"not a safetensors file ({exc})") from None
-    expected = parameter_shapes(dims)
-    for name, shape in expected.items():
-        if name not in found:
-            raise CheckpointError(weights, f"missing tensor {name!r}")
-        if found[name] != shape:
-            raise CheckpointError(
-                weights, f"tensor {name!r} has shape {list(found[name])}, expected {list(shape)}"
-            )
-    extra = sorted(set(found) - set(expected) - {TIED})
-    if extra:
-        raise CheckpointError(weights, f"unexpected tensor {extra[0]!r} (not a Whisper of this config?)")
-    if TIED in found and found[TIED] != (dims.vocab_size, dims.d_model):
-        raise CheckpointError(weights, f"tensor {TIED!r} has shape {list(found[TIED])}")
-    if not (folder / TOKENIZER).is_file():
-        raise CheckpointError(folder / TOKENIZER, "file not found")
-    try:
-        tokenizer = Tokenizer.from_file(str(folder / TOKENIZER))
-    except Exception as exc:  # noqa: BLE001 (tokenizers raises a bare Exception)
-        raise CheckpointError(folder / TOKENIZER, f"not a tokenizer ({exc})") from None
-    tokens = SpecialTokens.from_tokenizer(tokenizer, folder / TOKENIZER, dims.vocab_size)
+    dims = _check_config(config, folder / CONFIG)
+    _check_weights(folder / WEIGHTS, dims)
+    tokens = _special_tokens(folder / TOKENIZER, dims)
     if (folder / PREPROCESSOR).exists():
         features = read_json(folder / PREPROCESSOR).get("feature_size", dims.num_mel_bins)
         if features != dims.num_mel_bins:
@@ -217,6 +184,62 @@ def inspect_folder(folder: str | Path) -> WhisperFolder:
                 f"feature_size {features!r} but the model has {dims.num_mel_bins} mel bins",
             )
     return WhisperFolder(folder, dims, tokens, Suppression.from_folder(folder, config, dims.vocab_size))
+
+
+def _check_config(config: Mapping[str, Any], path: Path) -> WhisperDims:
+    if config.get("model_type") != "whisper":
+        raise CheckpointError(path, f"model_type is {config.get('model_type')!r}, not 'whisper'")
+    if config.get("activation_function", "gelu") != "gelu":
+        raise CheckpointError(
+            path, f"activation_function {config['activation_function']!r} (Whisper's is gelu)"
+        )
+    if config.get("tie_word_embeddings", True) is not True:
+        raise CheckpointError(
+            path, "tie_word_embeddings is not true (Whisper's logits use the token embedding)"
+        )
+    return WhisperDims.from_config(config, path)
+
+
+def _check_weights(weights: Path, dims: WhisperDims) -> None:
+    """Every tensor of ``dims`` present with its shape and a float dtype, nothing else (the tied
+    ``proj_out`` aside), from the header alone."""
+    from safetensors import SafetensorError, safe_open
+
+    if not weights.is_file():
+        raise CheckpointError(weights, "file not found")
+    try:
+        with safe_open(weights, "numpy") as f:
+            found = {name: f.get_slice(name) for name in f.keys()}
+            shapes = {name: tuple(t.get_shape()) for name, t in found.items()}
+            dtypes = {name: t.get_dtype() for name, t in found.items()}
+    except SafetensorError as exc:
+        raise CheckpointError(weights, f"not a safetensors file ({exc})") from None
+    expected = {**parameter_shapes(dims), TIED: (dims.vocab_size, dims.d_model)}
+    for name, shape in expected.items():
+        if name not in shapes and name != TIED:
+            raise CheckpointError(weights, f"missing tensor {name!r}")
+        if shapes.get(name, shape) != shape:
+            raise CheckpointError(
+                weights, f"tensor {name!r} has shape {list(shapes[name])}, expected {list(shape)}"
+            )
+    extra = sorted(set(shapes) - set(expected))
+    if extra:
+        raise CheckpointError(weights, f"unexpected tensor {extra[0]!r} (not a Whisper of this config?)")
+    odd = sorted(name for name, dtype in dtypes.items() if dtype not in ("F32", "F16", "BF16"))
+    if odd:
+        raise CheckpointError(weights, f"tensor {odd[0]!r} is {dtypes[odd[0]]}, not F32, F16 or BF16")
+
+
+def _special_tokens(path: Path, dims: WhisperDims) -> SpecialTokens:
+    from tokenizers import Tokenizer
+
+    if not path.is_file():
+        raise CheckpointError(path, "file not found")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 (tokenizers raises a bare Exception)
+        raise CheckpointError(path, f"not a tokenizer ({exc})") from None
+    return SpecialTokens.from_tokenizer(tokenizer, path, dims.vocab_size)
 
 
 # ------------------------------------------------------------------------------------- model

@@ -57,6 +57,10 @@ def _drop_one(tensors: dict[str, torch.Tensor]) -> None:
     del tensors["model.decoder.layers.1.fc2.bias"]
 
 
+def _integers(tensors: dict[str, torch.Tensor]) -> None:
+    tensors["model.encoder.conv1.bias"] = torch.zeros(32, dtype=torch.int32)
+
+
 def _garbage(folder: Path) -> Path:
     (folder / "model.safetensors").write_bytes(b"not tensors")
     return folder / "model.safetensors"
@@ -87,6 +91,14 @@ BROKEN = {
         "tensor 'model.decoder.embed_positions.weight' has shape [100, 32], expected [448, 32]",
     ),
     "a missing tensor": (_tensors(_drop_one), "missing tensor 'model.decoder.layers.1.fc2.bias'"),
+    "an integer tensor": (
+        _tensors(_integers),
+        "tensor 'model.encoder.conv1.bias' is I32, not F32, F16 or BF16",
+    ),
+    "untied logits": (
+        _edit_json("config.json", tie_word_embeddings=False),
+        "tie_word_embeddings is not true",
+    ),
     "no tokenizer.json": (_remove("tokenizer.json"), "file not found"),
     "not a tokenizer": (_not_a_tokenizer, "not a tokenizer"),
     "mel bins unlike the model's": (

@@ -21,13 +21,7 @@ from tests.voice.speech import spoken_16k
 SR = 16_000
 STEPS = 40  # tokens decoded over a 30 s window in the comparison with transformers
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
