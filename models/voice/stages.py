@@ -8,8 +8,8 @@ event loop:
   item's audio into 32 ms frames and scores frame ``i`` of every session in one Silero call, so
   one forward serves many sessions. Output: :class:`VadFrames` (the 16 kHz frames and their
   speech probabilities; the turn decisions are the kind's, a pure state machine).
-- :class:`AsrStage` (batched, stateless): one utterance per item, ``WhisperAsr.transcribe_batch``
-  over the batch.
+- :class:`AsrStage` (batched, stateless): one utterance per item, ``transcribe_batch`` over the
+  batch (either ASR backend, ``models/voice/asr.py``), on the ASR's device.
 - :class:`TransformersLlmStage` (streaming, stateful): ``stream(item)`` runs
   ``TransformersChat.generate`` on a worker thread of its own pool and yields
   :class:`TextChunk` s through an asyncio queue; ``abort(request_id)`` sets the generation's
@@ -54,8 +54,8 @@ from models.voice.tts import ClauseSplitter, HibariTts, split_clauses
 from models.voice.vad import SAMPLE_RATE as VAD_RATE
 from models.voice.vad import SileroVad, VadStream
 
-if TYPE_CHECKING:  # faster-whisper and CTranslate2 load only where an ASR stage is built
-    from models.voice.asr import Transcript, WhisperAsr
+if TYPE_CHECKING:  # the ASR backends load only where one is built
+    from models.voice.asr import ShortWindowAsr, Transcript
 
 # ------------------------------------------------------------------------------------- VAD
 
@@ -142,10 +142,10 @@ class AsrStage:
     """Whisper over a batch of utterances (16 kHz float32 each) -> one :class:`Transcript` each."""
 
     name = "voice-asr"
-    device = "cpu"
 
-    def __init__(self, asr: WhisperAsr) -> None:
+    def __init__(self, asr: ShortWindowAsr) -> None:
         self.asr = asr
+        self.device = asr.device
 
     def forward(self, items: Sequence[StageItem]) -> list[Transcript]:
         return self.asr.transcribe_batch([item.payload for item in items])

@@ -122,13 +122,13 @@ class VoiceService(KindServiceBase):
 
     def models(self) -> list[ServedModel]:
         c = self.config
-        details = {"asr": "whisper-base", "tts": "hibari", "vad": "silero-vad", "chunked_tts": c.chunked_tts}
+        details = {"asr": c.asr_name, "tts": "hibari", "vad": "silero-vad", "chunked_tts": c.chunked_tts}
         return [ServedModel(c.served_model, self.name, (PATH,), details)]
 
     def load(self, progress: ProgressFn) -> None:
         import torch
 
-        from models.voice.asr import WhisperAsr
+        from models.voice.asr import build_asr
         from models.voice.llm import DEFAULT_SYSTEM_PROMPT
         from models.voice.tts import HibariTts
         from models.voice.vad import SileroVad
@@ -139,7 +139,7 @@ class VoiceService(KindServiceBase):
         steps = (  # the LLM first: its weights' package is the one a bare install lacks (WeightsMissing)
             ("llm", lambda: load_chat(c)),  # voice.llm_backend: transformers | vllm
             ("vad", SileroVad),
-            ("asr", WhisperAsr),
+            ("asr", lambda: build_asr(c.asr_model, device=c.asr_device, dtype=c.asr_dtype)),
             ("tts", HibariTts),
         )
         for i, (name, build) in enumerate(steps):
@@ -200,7 +200,7 @@ class VoiceService(KindServiceBase):
             model=model,
             instructions=self.default_instructions,
             voice=c.voice,
-            transcription=Transcription(model="whisper-base") if c.transcription else None,
+            transcription=Transcription(model=c.asr_name) if c.transcription else None,
         )
 
     async def _endpoint(self, websocket: WebSocket) -> None:

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+def _one_thread(one_torch_thread):
+    """Every world test asks for ``one_torch_thread`` (tests/conftest.py)."""
