@@ -54,6 +54,7 @@ class WhisperShape:
 TINY = WhisperShape("tiny", 32, 2, 2, 2, 128, 80, 51865, init_std=0.5)
 # openai/whisper-large-v3-turbo's config.json (809M parameters).
 LARGE_V3_TURBO = WhisperShape("large-v3-turbo", 1280, 32, 4, 20, 5120, 128, 51866)
+SHAPES = {s.name: s for s in (TINY, LARGE_V3_TURBO)}
 
 
 def _side_file(name: str) -> Path:

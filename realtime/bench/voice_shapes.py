@@ -44,7 +44,7 @@ class CascadeShape:
 
     whisper: str
     chat: str
-    dtype: str  # the chat model's saved dtype (and vLLM's)
+    dtype: str  # the folders' saved dtype (and vLLM's)
     settings: dict[str, Any] = field(default_factory=dict)
 
 
@@ -73,14 +73,15 @@ def model_folders(shape: CascadeShape, models_dir: Path, device: str) -> tuple[P
     from realtime.bench import random_chat_model, random_whisper
 
     asr, llm = models_dir / f"whisper-{shape.whisper}-random", models_dir / f"chat-{shape.chat}-random"
+    dtype = getattr(torch, shape.dtype)
     if not (asr / COMPLETE).exists():
         print(f"writing a random Whisper folder of shape {shape.whisper} to {asr}", flush=True)
-        random_whisper.build_random_whisper(asr, random_whisper.SHAPES[shape.whisper], device=device)
+        whisper = random_whisper.SHAPES[shape.whisper]
+        random_whisper.build_random_whisper(asr, whisper, device=device, dtype=dtype)
         (asr / COMPLETE).touch()
     if not (llm / COMPLETE).exists():
         print(f"writing a random chat model of shape {shape.chat} to {llm}", flush=True)
         chat = random_chat_model.SHAPES[shape.chat]
-        dtype = getattr(torch, shape.dtype)
         random_chat_model.build_random_chat_model(llm, chat, dtype=dtype, text_only=True, device=device)
         (llm / COMPLETE).touch()
     return asr, llm

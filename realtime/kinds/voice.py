@@ -17,6 +17,7 @@ through it. Three parts, one job each:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -188,6 +189,9 @@ class VoiceService(KindServiceBase):
                 await engine.close()
         if self.llm is not None:
             self.llm.close()
+        shutdown = getattr(self.models_loaded.get("llm"), "shutdown", None)
+        if shutdown is not None:  # a vLLM engine (its process, weights and KV pool) ends with the kind
+            await asyncio.to_thread(shutdown)
 
     def session_defaults(self, handshake: Handshake) -> SessionConfig:
         """A new session's config (also what an explicit ``null`` restores)."""

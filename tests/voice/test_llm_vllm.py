@@ -276,10 +276,24 @@ async def test_a_forced_tool_call_starts_with_its_name_and_stops_when_done(stage
     assert chunks[-1].usage is not None
 
 
+class _Lent:
+    """``chat`` as the voice service sees it, except that its ``shutdown`` leaves the engine up."""
+
+    def __init__(self, chat) -> None:
+        self._chat = chat
+
+    def __getattr__(self, name):
+        return getattr(self._chat, name)
+
+    def shutdown(self) -> None:
+        pass
+
+
 @needs_vllm
 @session_loop
 async def test_voice_kind_on_the_vllm_backend_with_the_openai_sdk(vllm_chat, monkeypatch):
-    monkeypatch.setattr(voice_llm, "vllm_chat", lambda c: vllm_chat)  # the session's one engine
+    # the session's one engine, lent: the service's stop shuts down an engine it loaded
+    monkeypatch.setattr(voice_llm, "vllm_chat", lambda c: _Lent(vllm_chat))
     async with voice_server(llm_backend="vllm", max_output_tokens=24) as (url, service):
         assert type(service.llm).__name__ == "VllmLlmStage"
         before = {s.session_id for s in service.manager.list_sessions()}
@@ -342,16 +356,20 @@ async def test_a_paced_reply_ends_its_engine_request_and_continues_it_token_for_
     from models.voice.pacing import PacingPolicy, PlaybackClock
 
     requests, cached = [], []  # each engine request's id; its (prompt tokens, prefix-cached tokens)
+    prompts, produced = [], []  # each engine request's prompt ids; the ids it generated
     generate = vllm_chat.generate
 
     def recording(prompt, params, request_id):
         requests.append(request_id)
+        prompts.append(list(prompt))
+        produced.append([])
 
         async def outputs():
             async with contextlib.aclosing(generate(prompt, params, request_id)) as inner:
                 async for out in inner:
                     if len(cached) < len(requests):
                         cached.append((len(prompt), out.num_cached_tokens or 0))
+                    produced[-1].extend(out.outputs[0].token_ids)
                     yield out
 
         return outputs()
@@ -372,14 +390,20 @@ async def test_a_paced_reply_ends_its_engine_request_and_continues_it_token_for_
         stage.release_state(session, 3, None)
         return "".join(text), chunk.usage.generated_tokens
 
-    unpaced, tokens = await reply(VllmLlmStage(vllm_chat, 8, first_clause_words=1), "s-unpaced", None)
+    _, tokens = await reply(VllmLlmStage(vllm_chat, 8, first_clause_words=1), "s-unpaced", None)
     assert len(requests) == 1
     paced_stage = VllmLlmStage(
         vllm_chat, 8, first_clause_words=1, pacing=PacingPolicy(max_lead_s=0.5, urgent_lead_s=0.0)
     )
     paced, paced_tokens = await reply(paced_stage, "s-paced", PlaybackClock())
     assert len(requests) > 2  # the reply paused (its first clause alone is 1 s ahead) ...
-    assert (paced, paced_tokens) == (unpaced, tokens)  # ... and continued exactly where it stopped
+    # ... and each continuation's prompt is the question plus every token generated before it:
+    # nothing lost, nothing repeated (the continuation's tokens may still differ from the unpaced
+    # reply's: its prefill rounds differently from one-token decoding, and random weights tie)
+    for i in range(2, len(requests)):  # request 0 was the unpaced reply, 1 the paced one's start
+        assert prompts[i] == prompts[1] + [t for out in produced[1:i] for t in out], i
+    assert paced_tokens == tokens == sum(len(out) for out in produced[1:])
+    assert paced == vllm_chat.tokenizer.decode([t for out in produced[1:] for t in out])
     # every continuation's prompt (the question + the reply so far) came from the prefix cache but
     # for its last partial KV block: a paced reply is not re-prefilled
     block = vllm_chat.settings.block_size
