@@ -150,9 +150,11 @@ def test_every_bench_line_of_the_gpu_scripts_runs_as_written(script):
         for line in script.read_text().replace("\\\n", " ").splitlines()  # continuation lines joined
         if line.strip().startswith("bench ")  # at any indent: a loop's body too
     ]
-    # every script runs benches, but env.sh (sourced by them), ray_bundle.sh (builds what scale.sh
-    # carries, on the dev machine) and training runs of a model module
-    assert lines or script.name in ("env.sh", "ray_bundle.sh") or "python3 -m models." in script.read_text()
+    # every script runs benches, but env.sh and vllm_env.sh (sourced by them), ray_bundle.sh and
+    # vllm_bundle.sh (build what the device calls carry, on the dev machine) and training runs of a
+    # model module
+    helpers = ("env.sh", "vllm_env.sh", "ray_bundle.sh", "vllm_bundle.sh")
+    assert lines or script.name in helpers or "python3 -m models." in script.read_text()
     problems = [p for line in lines for p in command_problems(line)]
     problems += [
         f"no {t}" for t in re.findall(r"tests/\S+\.py", script.read_text()) if not (ROOT / t).is_file()
