@@ -34,13 +34,9 @@ TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp
     --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64)
 
 cd "$(dirname "$0")/../../.."
-WORK="$(mktemp -d /tmp/ray_bundle.XXXXXX)"
-trap 'rm -rf "$WORK"' EXIT
-
-# wheel file name -> normalized project name (PEP 503)
-project() {
-    basename "$1" | cut -d- -f1 | tr 'A-Z_.' 'a-z--'
-}
+# shellcheck source=realtime/bench/gpu/bundle_lib.sh
+source realtime/bench/gpu/bundle_lib.sh
+bundle_workdir ray_bundle
 
 # Removes from the installed tree what bench scale never loads. The dashboard's web client goes
 # but its empty build/static folders stay: a ray.init() that starts the dashboard needs them.

@@ -168,13 +168,9 @@ if ! compgen -G "$WHL_DIR/*.whl" >/dev/null; then
     echo "vllm_bundle.sh: no wheels in $WHL_DIR (the .whl/ of docs/benchmarks.md; WHL_DIR=... names it)" >&2
     exit 1
 fi
-WORK="$(mktemp -d /tmp/vllm_bundle.XXXXXX)"
-trap 'rm -rf "$WORK"' EXIT
-
-# wheel file name -> normalized project name (PEP 503)
-project() {
-    basename "$1" | cut -d- -f1 | tr 'A-Z_.' 'a-z--'
-}
+# shellcheck source=realtime/bench/gpu/bundle_lib.sh
+source realtime/bench/gpu/bundle_lib.sh
+bundle_workdir vllm_bundle
 
 # Removes what a dense model on SM90 never loads (the header says why each may go), the voice
 # kind's unused Silero exports (models/voice/vad.py reads silero_vad.onnx alone), tests and caches.
