@@ -403,7 +403,8 @@ async def test_a_paced_reply_ends_its_engine_request_and_continues_it_token_for_
     for i in range(2, len(requests)):  # request 0 was the unpaced reply, 1 the paced one's start
         assert prompts[i] == prompts[1] + [t for out in produced[1:i] for t in out], i
     assert paced_tokens == tokens == sum(len(out) for out in produced[1:])
-    assert paced == vllm_chat.tokenizer.decode([t for out in produced[1:] for t in out])
+    reply_tokens = [t for out in produced[1:] for t in out]
+    assert paced == vllm_chat.tokenizer.decode(reply_tokens, skip_special_tokens=True)  # as the stage does
     # every continuation's prompt (the question + the reply so far) came from the prefix cache but
     # for its last partial KV block: a paced reply is not re-prefilled
     block = vllm_chat.settings.block_size
