@@ -27,7 +27,13 @@ if compgen -G "$WHEELS/*.whl" >/dev/null && [ ! -e /tmp/site/.installed ]; then
         --target /tmp/site "$WHEELS"/*.whl || exit 1
     touch /tmp/site/.installed
 fi
-if [ -e /tmp/site/.installed ]; then
+# FlashAttention-3's forward (the fa3-fwd wheel, 27 MB: device_wheels.sh FA3=1) where .fa3 is carried
+if compgen -G ".fa3/*.whl" >/dev/null && [ ! -e /tmp/site/.fa3 ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .fa3/*.whl || exit 1
+    touch /tmp/site/.fa3
+fi
+if [ -e /tmp/site/.installed ] || [ -e /tmp/site/.fa3 ]; then
     export PYTHONPATH="/tmp/site:$PWD${FA4_PATH:+:$FA4_PATH}"
 else
     export PYTHONPATH="$PWD${FA4_PATH:+:$FA4_PATH}"
