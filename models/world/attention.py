@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -40,59 +41,98 @@ MIN_GAIN = 0.05  # a split must raise the last-wave fill by this much to pay for
 
 log = logging.getLogger(__name__)
 
-Kernel = Literal["sdpa", "flash4"]
-KERNEL_CHOICES = ("auto", "sdpa", "flash4")
+Kernel = Literal["sdpa", "flash4", "flash3", "flash3-fp8"]
+KERNEL_CHOICES = ("auto", "sdpa", "flash4", "flash3", "flash3-fp8")
 
 
-FLASH4_DTYPES = (torch.bfloat16, torch.float16)
+@dataclass(frozen=True)
+class OptionalKernel:
+    """A Hopper attention kernel from an optional package: the modules that must import, the
+    dtypes it takes and how to install it."""
+
+    modules: tuple[str, ...]
+    dtypes: tuple[torch.dtype, ...]
+    install: str
 
 
-def flash4_usable(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
-    """FlashAttention-4 is installed, ``device`` is a Hopper GPU (its sm90 forward) and ``dtype``
-    one it takes (bf16, fp16)."""
+OPTIONAL_KERNELS: dict[str, OptionalKernel] = {
+    "flash4": OptionalKernel(
+        ("flash_attn", "flash_attn.cute"),
+        (torch.bfloat16, torch.float16),
+        "the flash4 extra (pip install 'realtime-sessions[flash4]')",
+    ),
+    # fa3-fwd builds FlashAttention-3's forward without its fp16 kernels
+    "flash3": OptionalKernel(
+        ("fa3_fwd_interface",),
+        (torch.bfloat16,),
+        "the flash3 extra (pip install 'realtime-sessions[flash3]')",
+    ),
+    "flash3-fp8": OptionalKernel(
+        ("fa3_fwd_interface",),
+        (torch.bfloat16,),
+        "the flash3 extra (pip install 'realtime-sessions[flash3]')",
+    ),
+}
+AUTO_ORDER = ("flash4", "flash3")  # what ``auto`` tries, in order; FP8 only when named
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+def kernel_usable(kernel: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """``kernel``'s package is installed, ``device`` is a Hopper GPU (their sm90 forwards) and
+    ``dtype`` one it takes."""
+    spec = OPTIONAL_KERNELS[kernel]
     return (
-        dtype in FLASH4_DTYPES
+        dtype in spec.dtypes
         and device.type == "cuda"
         and torch.cuda.get_device_capability(device)[0] == 9
-        and importlib.util.find_spec("flash_attn") is not None
-        and importlib.util.find_spec("flash_attn.cute") is not None
+        and all(importlib.util.find_spec(module) is not None for module in spec.modules)
     )
 
 
 @functools.cache
-def flash4_failure(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why FlashAttention-4 does not run here (its first call JIT-compiles a kernel, which needs
-    the CuTe DSL's CUDA libraries to match the driver), or ``None`` once one small call ran."""
+def kernel_failure(kernel: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why ``kernel`` does not run here (FA4's first call JIT-compiles a kernel, which needs the
+    CuTe DSL's CUDA libraries to match the driver; FA3's library must load against this torch),
+    or ``None`` once one small call ran."""
     try:
         q = torch.zeros(1, 128, 1, 128, device=device, dtype=dtype)  # head dim 128: the Wan DiT's kernel
-        flash4_attention(q, q, q)
+        _attention_with_lse(q, q, q, kernel)  # type: ignore[arg-type]
         torch.cuda.synchronize(device)
-    except Exception as exc:  # noqa: BLE001 - any failure means: use SDPA (auto) or say why (flash4)
+    except Exception as exc:  # noqa: BLE001 - any failure means: use another kernel (auto) or say why
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
     return None
 
 
 def resolve_kernel(choice: str, device: str | torch.device, dtype: torch.dtype) -> Kernel:
-    """``world.attention`` resolved for ``device`` and ``dtype``: ``auto`` is ``flash4`` where
-    :func:`flash4_usable` and its probe call runs (:func:`flash4_failure`; else ``sdpa``, with a
-    warning when only the probe failed); ``flash4`` where either fails is an error saying why."""
+    """``world.attention`` resolved for ``device`` and ``dtype``: ``auto`` is the first of
+    ``flash4``, ``flash3`` that :func:`kernel_usable` finds and whose probe call runs
+    (:func:`kernel_failure`; a probe's failure is a warning), else ``sdpa``; a kernel named
+    where either fails is an error saying why. ``flash3-fp8`` (FP8 inputs, a scale per batch row
+    and head) changes the numbers, so only its name takes it."""
     device = torch.device(device)
     if choice not in KERNEL_CHOICES:
         raise ValueError(f"attention kernel must be one of {KERNEL_CHOICES}, not {choice!r}")
-    usable = flash4_usable(device, dtype)
-    if choice == "sdpa" or (choice == "auto" and not usable):
+    if choice == "sdpa":
         return "sdpa"
-    if not usable:
-        raise ValueError(
-            "attention kernel flash4 needs a Hopper (sm90) CUDA device, bfloat16 or float16, and "
-            "the flash4 extra (pip install 'realtime-sessions[flash4]')"
-        )
-    failure = flash4_failure(device, dtype)
-    if failure is None:
-        return "flash4"
-    if choice == "flash4":
-        raise ValueError(f"attention kernel flash4 is installed but does not run here: {failure}")
-    log.warning("world attention: FlashAttention-4 does not run here (%s); using sdpa", failure)
+    if choice != "auto":
+        if not kernel_usable(choice, device, dtype):
+            names = (
+                "bfloat16" if OPTIONAL_KERNELS[choice].dtypes == (torch.bfloat16,) else "bfloat16 or float16"
+            )
+            raise ValueError(
+                f"attention kernel {choice} needs a Hopper (sm90) CUDA device, {names}, and "
+                f"{OPTIONAL_KERNELS[choice].install}"
+            )
+        failure = kernel_failure(choice, device, dtype)
+        if failure is not None:
+            raise ValueError(f"attention kernel {choice} is installed but does not run here: {failure}")
+        return choice  # type: ignore[return-value]
+    for kernel in AUTO_ORDER:
+        if kernel_usable(kernel, device, dtype):
+            failure = kernel_failure(kernel, device, dtype)
+            if failure is None:
+                return kernel  # type: ignore[return-value]
+            log.warning("world attention: %s does not run here (%s); trying the next kernel", kernel, failure)
     return "sdpa"
 
 
@@ -117,6 +157,59 @@ def _flash4_attention_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
     """What FlopCounterMode counts for the op (as for SDPA: two matmuls, no softmax)."""
     b, nq, h, d = q_shape
     return 4 * b * h * nq * k_shape[1] * d
+
+
+@torch.library.custom_op("realtime_world::flash3_attention", mutates_args=())
+def flash3_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """FlashAttention-3's forward (the ``fa3-fwd`` wheel): as :func:`flash4_attention`; with FP8
+    inputs (``float8_e4m3fn``) their float32 descales ``[B, H]`` are required and the output is
+    bf16. A custom op, as FA4's."""
+    from fa3_fwd_interface import flash_attn_func
+
+    out, lse = flash_attn_func(
+        q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, return_attn_probs=True
+    )
+    return out, lse
+
+
+@flash3_attention.register_fake
+def _flash3_attention_shapes(q, k, v, q_descale=None, k_descale=None, v_descale=None):
+    b, nq, h, _ = q.shape
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    return q.new_empty(q.shape, dtype=out_dtype), q.new_empty((b, h, nq), dtype=torch.float32)
+
+
+@register_flop_formula(torch.ops.realtime_world.flash3_attention)
+def _flash3_attention_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+    b, nq, h, d = q_shape
+    return 4 * b * h * nq * k_shape[1] * d
+
+
+def to_e4m3(t: Tensor) -> tuple[Tensor, Tensor]:
+    """``t [B, N, H, D]`` as float8 e4m3 with one float32 scale per (batch row, head), its largest
+    magnitude at e4m3's largest finite value: ``(values, descale [B, H])``, ``values * descale``
+    ~= ``t``."""
+    amax = t.abs().amax(dim=(1, 3)).float().clamp(min=1e-12)
+    scale = E4M3_MAX / amax
+    return (t.float() * scale[:, None, :, None]).to(torch.float8_e4m3fn), (1.0 / scale).contiguous()
+
+
+def _flash_kernel(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel) -> tuple[Tensor, Tensor]:
+    """One of the optional kernels on ``[B, N, H, D]`` tensors: output like ``q`` and LSE ``[B, H, Nq]``."""
+    if kernel == "flash4":
+        return flash4_attention(q, k, v)
+    if kernel == "flash3":
+        return flash3_attention(q, k, v)
+    (q8, qd), (k8, kd), (v8, vd) = to_e4m3(q), to_e4m3(k), to_e4m3(v)
+    out, lse = flash3_attention(q8, k8, v8, qd, kd, vd)
+    return out.to(q.dtype), lse
 
 
 def wave_fill(tiles: int, sms: int) -> float:
@@ -149,8 +242,8 @@ def splits_for(device: torch.device, batch: int, heads: int, queries: int, keys:
 
 def _attention_with_lse(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel) -> tuple[Tensor, Tensor]:
     """Output ``[B, H, Nq, D]`` and log-sum-exp of the scaled scores (natural log, ``[B, H, Nq]``)."""
-    if kernel == "flash4":
-        out, lse = flash4_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    if kernel != "sdpa":
+        out, lse = _flash_kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kernel)
         return out.transpose(1, 2), lse
     if q.device.type == "cuda":
         cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
@@ -187,6 +280,8 @@ def attend(
         raise ValueError("a key split needs every key visible (no mask)")
     if splits > 1:
         return split_key_attention(q, k, v, splits, kernel)
-    if kernel == "flash4" and mask is None:
-        return flash4_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))[0].transpose(1, 2)
+    if kernel != "sdpa" and mask is None:
+        return _flash_kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kernel)[0].transpose(
+            1, 2
+        )
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

@@ -102,7 +102,7 @@ class WorldModel:
         - ``prompts``: the text context of prompts (umT5 embeddings), required where ``cfg`` has no
           word vocabulary of its own (``models.world.prompts``).
 
-        ``attention``: the DiT's attention kernel, ``auto``, ``sdpa`` or ``flash4``
+        ``attention``: the DiT's attention kernel, ``auto`` or one of ``Kernel``
         (``models.world.attention.resolve_kernel``). ``profiler``: stage timing
         (``models.world.profiling``; off by default)."""
         if prompts is None and not cfg.text_vocab:

@@ -82,6 +82,7 @@ import websockets
 import yaml
 from prometheus_client import CollectorRegistry
 
+from models.world.attention import KERNEL_CHOICES
 from models.world.configs import CONFIGS
 from models.world.kv_cache import KVGeometry
 from models.world.model import WorldModel, WorldTick
@@ -668,7 +669,7 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument(
         "--attention",
-        choices=("auto", "sdpa", "flash4"),
+        choices=KERNEL_CHOICES,
         default="auto",
         help="the DiT's attention kernel (world.attention), every section",
     )
