@@ -151,8 +151,8 @@ def test_every_bench_line_of_the_gpu_scripts_runs_as_written(script):
         if line.strip().startswith("bench ")  # at any indent: a loop's body too
     ]
     # every script runs benches, but env.sh and vllm_env.sh (sourced by them), ray_bundle.sh,
-    # vllm_bundle.sh, whisper_tokenizer_wheel.sh and their bundle_lib.sh (build what the device
-    # calls carry, on the dev machine)
+    # vllm_bundle.sh, whisper_tokenizer_wheel.sh, device_wheels.sh and their bundle_lib.sh (build
+    # what the device calls carry, on the dev machine)
     # and training runs of a model module
     helpers = (
         "env.sh",
@@ -161,6 +161,7 @@ def test_every_bench_line_of_the_gpu_scripts_runs_as_written(script):
         "vllm_bundle.sh",
         "bundle_lib.sh",
         "whisper_tokenizer_wheel.sh",
+        "device_wheels.sh",
     )
     assert lines or script.name in helpers or "python3 -m models." in script.read_text()
     problems = [p for line in lines for p in command_problems(line)]
