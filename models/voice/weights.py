@@ -13,8 +13,10 @@ final path.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
+import io
 import json
 import logging
 import os
@@ -105,7 +107,8 @@ def build_once(name: str, build: Callable[[Path], None]) -> Path:
     """The cache directory ``name``, built by ``build(tmp_dir)`` if absent, checked if present.
 
     ``build`` writes the derived files into the empty directory it is given; a build logs one
-    line as it starts and one when done (a first start's long step, e.g. the GGUF conversion). Afterwards the SHA-256
+    line as it starts and one when done (a first start's long step, e.g. the GGUF conversion), and
+    what it writes to stderr (progress bars) is dropped. Afterwards the SHA-256
     of every file is recorded in ``manifest.json``; later calls re-hash the files against it, so
     a corrupted or edited cache raises :class:`WeightsError` (delete the directory to rebuild).
     """
@@ -115,7 +118,10 @@ def build_once(name: str, build: Callable[[Path], None]) -> Path:
         started = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
         try:
-            build(tmp)
+            # a converter's progress bar (transformers' GGUF loader draws one with tqdm, no switch
+            # to turn it off) would put carriage returns in the server's JSON-lines log
+            with contextlib.redirect_stderr(io.StringIO()):
+                build(tmp)
             digests = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
             (tmp / MANIFEST).write_text(json.dumps(digests, indent=1, sort_keys=True))
             tmp.chmod(0o755)  # mkdtemp makes it private; the cache is readable like any model dir

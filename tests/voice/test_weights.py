@@ -55,3 +55,17 @@ def test_failed_build_leaves_nothing(cache):
     with pytest.raises(RuntimeError, match="disk full"):
         weights.build_once("thing", build)
     assert list(cache.iterdir()) == []
+
+
+def test_a_build_s_progress_bar_stays_out_of_the_server_s_log(cache, capfd):
+    """transformers' GGUF conversion draws a tqdm bar on stderr, the server's JSON-lines log (a
+    fresh machine's first ``realtime serve`` printed carriage returns there): a build's stderr is dropped."""
+    from tqdm.auto import tqdm
+
+    def build(out):
+        for _ in tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+            pass
+        (out / "data.bin").write_bytes(b"weights")
+
+    weights.build_once("thing", build)
+    assert capfd.readouterr().err == ""
