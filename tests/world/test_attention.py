@@ -229,22 +229,6 @@ def test_flash4_at_the_wan_shape_matches_sdpa(splits):
 
 
 @pytest.mark.gpu
-@needs_flash4
-def test_the_compiled_dit_renders_the_same_blocks_with_flash4():
-    """``world.attention: flash4`` under ``torch.compile`` (the custom op is opaque to inductor):
-    the blocks of a filling window and the steady state within bf16 rounding of SDPA's."""
-
-    def run(kernel: str) -> list[torch.Tensor]:
-        model = WorldModel.build(TEST, slots=1, device="cuda", dtype=torch.bfloat16, attention=kernel)
-        model.dit.compile_blocks()
-        model.open("s", seed=3)
-        return [model.generate([WorldTick("s", b, "a maze", action(b))]).float() for b in range(5)]
-
-    for got, want in zip(run("flash4"), run("sdpa"), strict=True):
-        torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)
-
-
-@pytest.mark.gpu
 @needs_flash3
 @pytest.mark.parametrize("splits", [1, 2])
 def test_flash3_at_the_wan_shape_matches_sdpa(splits):
@@ -261,9 +245,12 @@ def test_flash3_at_the_wan_shape_matches_sdpa(splits):
 
 
 @pytest.mark.gpu
-@needs_flash3
-def test_the_compiled_dit_renders_the_same_blocks_with_flash3():
-    """``world.attention: flash3`` under ``torch.compile``: the blocks within bf16 rounding of SDPA's."""
+@pytest.mark.parametrize(
+    "kernel", [pytest.param("flash4", marks=needs_flash4), pytest.param("flash3", marks=needs_flash3)]
+)
+def test_the_compiled_dit_renders_the_same_blocks(kernel):
+    """``world.attention: flash4`` / ``flash3`` under ``torch.compile`` (the custom ops are opaque
+    to inductor): the blocks of a filling window and the steady state within bf16 rounding of SDPA's."""
 
     def run(kernel: str) -> list[torch.Tensor]:
         model = WorldModel.build(TEST, slots=1, device="cuda", dtype=torch.bfloat16, attention=kernel)
@@ -271,5 +258,5 @@ def test_the_compiled_dit_renders_the_same_blocks_with_flash3():
         model.open("s", seed=3)
         return [model.generate([WorldTick("s", b, "a maze", action(b))]).float() for b in range(5)]
 
-    for got, want in zip(run("flash3"), run("sdpa"), strict=True):
+    for got, want in zip(run(kernel), run("sdpa"), strict=True):
         torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)
