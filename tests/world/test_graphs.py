@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import models.world.graphs as graphs_module
-from models.world.attention import flash4_usable
+from models.world.attention import kernel_usable
 from models.world.configs import TEST
 from models.world.graphs import GraphMismatch
 from models.world.kv_cache import KVGeometry, KVPool
@@ -234,7 +234,7 @@ CUDA_CASES = [
         True,
         id="flash4-bf16-compiled",
         marks=pytest.mark.skipif(
-            not (torch.cuda.is_available() and flash4_usable(torch.device("cuda"))),
+            not (torch.cuda.is_available() and kernel_usable("flash4", torch.device("cuda"))),
             reason="needs a Hopper GPU and the flash4 extra",
         ),
     ),

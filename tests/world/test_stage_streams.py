@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from models.stage import StageItem
-from models.world.attention import flash4_usable
+from models.world.attention import kernel_usable
 from models.world.configs import TEST
 from models.world.model import WorldModel, WorldTick
 from models.world.profiling import BlockTimings, DeviceProfiler
@@ -71,7 +71,7 @@ def test_staged_frames_equal_the_models_step_with_stage_timings(device):
             "flash4",
             torch.bfloat16,
             marks=pytest.mark.skipif(
-                not (torch.cuda.is_available() and flash4_usable(torch.device("cuda"))),
+                not (torch.cuda.is_available() and kernel_usable("flash4", torch.device("cuda"))),
                 reason="needs a Hopper GPU and the flash4 extra",
             ),
         ),
