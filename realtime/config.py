@@ -237,8 +237,8 @@ class WorldConfig:
     compile: bool | Literal["auto"] = "auto"  # torch.compile each DiT block; auto: on CUDA devices
     # the DiT's attention kernel (models/world/attention.py): auto = flash4, else flash3, on a
     # Hopper GPU where its extra is installed and the dtype fits, else sdpa; a kernel named where
-    # it cannot run fails the load; flash3-fp8 (FP8 inputs) only when named
-    attention: Literal["auto", "sdpa", "flash4", "flash3", "flash3-fp8"] = "auto"
+    # it cannot run fails the load
+    attention: Literal["auto", "sdpa", "flash4", "flash3"] = "auto"
     # replay the DiT's steady pass from CUDA graphs (models/world/graphs.py): auto = on CUDA
     # devices, falling back to eager passes with a warning if a capture fails; true: a failed
     # capture fails the load

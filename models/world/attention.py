@@ -41,8 +41,8 @@ MIN_GAIN = 0.05  # a split must raise the last-wave fill by this much to pay for
 
 log = logging.getLogger(__name__)
 
-Kernel = Literal["sdpa", "flash4", "flash3", "flash3-fp8"]
-KERNEL_CHOICES = ("auto", "sdpa", "flash4", "flash3", "flash3-fp8")
+Kernel = Literal["sdpa", "flash4", "flash3"]
+KERNEL_CHOICES = ("auto", "sdpa", "flash4", "flash3")
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,8 @@ OPTIONAL_KERNELS: dict[str, OptionalKernel] = {
         (torch.bfloat16,),
         "the flash3 extra (pip install 'realtime-sessions[flash3]')",
     ),
-    "flash3-fp8": OptionalKernel(
-        ("fa3_fwd_interface",),
-        (torch.bfloat16,),
-        "the flash3 extra (pip install 'realtime-sessions[flash3]')",
-    ),
 }
-AUTO_ORDER = ("flash4", "flash3")  # what ``auto`` tries, in order; FP8 only when named
-E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+AUTO_ORDER = ("flash4", "flash3")  # what ``auto`` tries, in order
 
 
 def kernel_usable(kernel: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
@@ -107,8 +101,7 @@ def resolve_kernel(choice: str, device: str | torch.device, dtype: torch.dtype) 
     """``world.attention`` resolved for ``device`` and ``dtype``: ``auto`` is the first of
     ``flash4``, ``flash3`` that :func:`kernel_usable` finds and whose probe call runs
     (:func:`kernel_failure`; a probe's failure is a warning), else ``sdpa``; a kernel named
-    where either fails is an error saying why. ``flash3-fp8`` (FP8 inputs, a scale per batch row
-    and head) changes the numbers, so only its name takes it."""
+    where either fails is an error saying why."""
     device = torch.device(device)
     if choice not in KERNEL_CHOICES:
         raise ValueError(f"attention kernel must be one of {KERNEL_CHOICES}, not {choice!r}")
@@ -160,30 +153,19 @@ def _flash4_attention_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
 
 
 @torch.library.custom_op("realtime_world::flash3_attention", mutates_args=())
-def flash3_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_descale: Tensor | None = None,
-    k_descale: Tensor | None = None,
-    v_descale: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """FlashAttention-3's forward (the ``fa3-fwd`` wheel): as :func:`flash4_attention`; with FP8
-    inputs (``float8_e4m3fn``) their float32 descales ``[B, H]`` are required and the output is
-    bf16. A custom op, as FA4's."""
+def flash3_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """FlashAttention-3's forward (the ``fa3-fwd`` wheel), as :func:`flash4_attention`: a custom
+    op, so that compiled blocks call it as one opaque kernel."""
     from fa3_fwd_interface import flash_attn_func
 
-    out, lse = flash_attn_func(
-        q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, return_attn_probs=True
-    )
+    out, lse = flash_attn_func(q, k, v, return_attn_probs=True)
     return out, lse
 
 
 @flash3_attention.register_fake
-def _flash3_attention_shapes(q, k, v, q_descale=None, k_descale=None, v_descale=None):
+def _flash3_attention_shapes(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     b, nq, h, _ = q.shape
-    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
-    return q.new_empty(q.shape, dtype=out_dtype), q.new_empty((b, h, nq), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty((b, h, nq), dtype=torch.float32)
 
 
 @register_flop_formula(torch.ops.realtime_world.flash3_attention)
@@ -192,24 +174,11 @@ def _flash3_attention_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
     return 4 * b * h * nq * k_shape[1] * d
 
 
-def to_e4m3(t: Tensor) -> tuple[Tensor, Tensor]:
-    """``t [B, N, H, D]`` as float8 e4m3 with one float32 scale per (batch row, head), its largest
-    magnitude at e4m3's largest finite value: ``(values, descale [B, H])``, ``values * descale``
-    ~= ``t``."""
-    amax = t.abs().amax(dim=(1, 3)).float().clamp(min=1e-12)
-    scale = E4M3_MAX / amax
-    return (t.float() * scale[:, None, :, None]).to(torch.float8_e4m3fn), (1.0 / scale).contiguous()
-
-
 def _flash_kernel(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel) -> tuple[Tensor, Tensor]:
     """One of the optional kernels on ``[B, N, H, D]`` tensors: output like ``q`` and LSE ``[B, H, Nq]``."""
     if kernel == "flash4":
         return flash4_attention(q, k, v)
-    if kernel == "flash3":
-        return flash3_attention(q, k, v)
-    (q8, qd), (k8, kd), (v8, vd) = to_e4m3(q), to_e4m3(k), to_e4m3(v)
-    out, lse = flash3_attention(q8, k8, v8, qd, kd, vd)
-    return out.to(q.dtype), lse
+    return flash3_attention(q, k, v)
 
 
 def wave_fill(tiles: int, sms: int) -> float:
