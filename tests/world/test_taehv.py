@@ -168,7 +168,9 @@ def test_interleaved_and_batched_sessions_equal_single_ones(decoder):
         fb, sb = decoder(b[:, i : i + 1], sb)
         outs["a"].append(fa)
         outs["b"].append(fb)
-    torch.testing.assert_close(torch.cat(outs["a"], 1), decode_chunks(decoder, a, [4]), rtol=0, atol=1e-6)
+    # one frame at a time against four in one call: float32 convolutions of other shapes round
+    # differently (a fresh clone's run differed by 1.2e-6); a lost or shared state differs by > 1e-3
+    torch.testing.assert_close(torch.cat(outs["a"], 1), decode_chunks(decoder, a, [4]), rtol=1e-5, atol=1e-5)
     # batched: two sessions in the same phase through one forward, split back
     _, s1 = decoder(a[:, :1], decoder.init_state())
     _, s2 = decoder(b[:, :1], decoder.init_state())
