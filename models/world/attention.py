@@ -139,19 +139,6 @@ def flash4_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return flash_attn_func(q, k, v, return_lse=True)
 
 
-@flash4_attention.register_fake
-def _flash4_attention_shapes(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    b, nq, h, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((b, h, nq), dtype=torch.float32)
-
-
-@register_flop_formula(torch.ops.realtime_world.flash4_attention)
-def _flash4_attention_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
-    """What FlopCounterMode counts for the op (as for SDPA: two matmuls, no softmax)."""
-    b, nq, h, d = q_shape
-    return 4 * b * h * nq * k_shape[1] * d
-
-
 @torch.library.custom_op("realtime_world::flash3_attention", mutates_args=())
 def flash3_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """FlashAttention-3's forward (the ``fa3-fwd`` wheel), as :func:`flash4_attention`: a custom
@@ -162,16 +149,24 @@ def flash3_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return out, lse
 
 
-@flash3_attention.register_fake
-def _flash3_attention_shapes(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def _flash_attention_shapes(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Either op's fake (what ``torch.compile`` traces): output like ``q``, LSE ``[B, H, Nq]`` float32."""
     b, nq, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((b, h, nq), dtype=torch.float32)
 
 
-@register_flop_formula(torch.ops.realtime_world.flash3_attention)
-def _flash3_attention_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+def _flash_attention_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
+    """What FlopCounterMode counts for either op (as for SDPA: two matmuls, no softmax)."""
     b, nq, h, d = q_shape
     return 4 * b * h * nq * k_shape[1] * d
+
+
+for _op, _overload in (
+    (flash4_attention, torch.ops.realtime_world.flash4_attention),
+    (flash3_attention, torch.ops.realtime_world.flash3_attention),
+):
+    _op.register_fake(_flash_attention_shapes)
+    register_flop_formula(_overload)(_flash_attention_flops)
 
 
 def _flash_kernel(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel) -> tuple[Tensor, Tensor]:
