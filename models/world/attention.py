@@ -109,8 +109,8 @@ def resolve_kernel(choice: str, device: str | torch.device, dtype: torch.dtype) 
         return "sdpa"
     if choice != "auto":
         if not kernel_usable(choice, device, dtype):
-            names = (
-                "bfloat16" if OPTIONAL_KERNELS[choice].dtypes == (torch.bfloat16,) else "bfloat16 or float16"
+            names = " or ".join(
+                str(dtype).removeprefix("torch.") for dtype in OPTIONAL_KERNELS[choice].dtypes
             )
             raise ValueError(
                 f"attention kernel {choice} needs a Hopper (sm90) CUDA device, {names}, and "
@@ -161,19 +161,15 @@ def _flash_attention_flops(q_shape, k_shape, v_shape, *args, **kwargs) -> int:
     return 4 * b * h * nq * k_shape[1] * d
 
 
-for _op, _overload in (
-    (flash4_attention, torch.ops.realtime_world.flash4_attention),
-    (flash3_attention, torch.ops.realtime_world.flash3_attention),
-):
+FLASH_OPS = {"flash4": flash4_attention, "flash3": flash3_attention}  # optional kernel -> its op
+for _name, _op in FLASH_OPS.items():
     _op.register_fake(_flash_attention_shapes)
-    register_flop_formula(_overload)(_flash_attention_flops)
+    register_flop_formula(getattr(torch.ops.realtime_world, f"{_name}_attention"))(_flash_attention_flops)
 
 
 def _flash_kernel(q: Tensor, k: Tensor, v: Tensor, kernel: Kernel) -> tuple[Tensor, Tensor]:
     """One of the optional kernels on ``[B, N, H, D]`` tensors: output like ``q`` and LSE ``[B, H, Nq]``."""
-    if kernel == "flash4":
-        return flash4_attention(q, k, v)
-    return flash3_attention(q, k, v)
+    return FLASH_OPS[kernel](q, k, v)
 
 
 def wave_fill(tiles: int, sms: int) -> float:
