@@ -25,7 +25,8 @@ layer reads that layer's prefix K/V plus its own (joint attention, openpi's "cau
     -> final (ada)RMSNorm -> ``action_out_proj`` -> velocity v = noise - action (float32).
 Attention reads per-layer K/V buffers laid out ``[actions | state | prefix]``, the prefix packed
 valid tokens first, so each row's keys are one contiguous run (:class:`KeySpan`): on a GPU in half
-precision FlashAttention's variable-length kernel reads them with no mask (:func:`attend`).
+precision a FlashAttention variable-length kernel reads them with no mask (:func:`attend`;
+FlashAttention-3's on Hopper where the ``flash3`` extra is installed, else FlashAttention-2's).
 Flow matching: x_1 = noise, then 10 Euler steps ``x += dt * v(x, t)``, dt = -0.1, t from 1
 accumulated in float32 as openpi does. The time embedding is openpi's sine-cosine one (periods
 4e-3 to 4, computed in float64).
@@ -42,17 +43,22 @@ embedded default policy. Checkpoints in openpi's and LeRobot's layouts load thro
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
+from models.attention_kernels import kernel_usable
 from models.policy.rtc import guided_velocity
+
+Attention = Literal["flash3", "flash2", "sdpa"]
+ATTENTION_CHOICES = ("auto", "flash3", "flash2", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -168,31 +174,90 @@ class KeySpan(NamedTuple):
     rows hold ``[actions | state | prefix]`` with the prefix's valid tokens first: batch row
     ``b`` attends rows ``[offset, offset + lengths[b])``, one contiguous run, so no mask is needed.
     ``query_starts`` (``b * T``) and ``key_starts`` (``b * L + offset``) are FlashAttention's
-    ``cu_seqlens`` over the flattened batch; ``flash`` says whether its kernel may run."""
+    ``cu_seqlens`` over the flattened batch; ``kernel`` is the one :func:`attend` runs
+    (:meth:`Pi0.attention_kernel`)."""
 
     offset: int
     lengths: torch.Tensor  # [B] int32
     query_starts: torch.Tensor  # [B + 1] int32
     key_starts: torch.Tensor  # [B + 1] int32
-    flash: bool
+    kernel: Attention
 
     @classmethod
-    def of(cls, lengths: torch.Tensor, queries: int, buffer_rows: int, offset: int, flash: bool) -> KeySpan:
+    def of(
+        cls, lengths: torch.Tensor, queries: int, buffer_rows: int, offset: int, kernel: Attention
+    ) -> KeySpan:
         rows = torch.arange(lengths.shape[0] + 1, dtype=torch.int32, device=lengths.device)
-        return cls(offset, lengths.to(torch.int32), rows * queries, rows * buffer_rows + offset, flash)
+        return cls(offset, lengths.to(torch.int32), rows * queries, rows * buffer_rows + offset, kernel)
+
+
+@torch.library.custom_op("realtime_policy::flash3_varlen", mutates_args=(), device_types="cuda")
+def flash3_varlen(
+    q: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    query_starts: Tensor,
+    key_starts: Tensor,
+    lengths: Tensor,
+    max_queries: int,
+    max_keys: int,
+) -> Tensor:
+    """FlashAttention-3's variable-length forward (the ``fa3-fwd`` wheel) over flattened rows, with
+    its own choice of key splits and of packing the query heads of a K/V head into one tile
+    (``num_splits=0``, ``pack_gqa=None``: an action step's 8 x 50 queries over one K/V head are
+    8 CTAs unsplit, too few for the GPU). A custom op: the compiled layers call it as one opaque
+    kernel (FA3's own op refuses its heuristics under tracing)."""
+    from fa3_fwd_interface import flash_attn_varlen_func
+
+    return flash_attn_varlen_func(
+        q, keys, values, query_starts, key_starts, max_queries, max_keys, seqused_k=lengths, num_splits=0
+    )
+
+
+@flash3_varlen.register_fake
+def _flash3_varlen_shape(q: Tensor, *args, **kwargs) -> Tensor:  # noqa: ANN002, ANN003
+    return torch.empty_like(q)
+
+
+@functools.cache
+def flash3_runs(device: torch.device) -> bool:
+    """Whether FlashAttention-3's variable-length kernel is installed for ``device`` and one small
+    call runs (its library must load against this torch)."""
+    if not kernel_usable("flash3", device, torch.bfloat16):
+        return False
+    try:
+        x = torch.zeros(2, 1, 256, device=device, dtype=torch.bfloat16)
+        starts = torch.tensor([0, 2], dtype=torch.int32, device=device)
+        flash3_varlen(x, x, x, starts, starts, starts[1:], 2, 2)
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001 - any failure means: FlashAttention-2's kernel instead
+        return False
+    return True
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, span: KeySpan) -> torch.Tensor:
     """``q [B, T, heads, head_dim]`` over the buffers ``keys``/``values`` ``[B, L, kv_heads,
     head_dim]``, each row's queries over its keys of ``span``; returns ``[B, T, heads * head_dim]``.
 
-    FlashAttention's variable-length kernel reads each row's run of keys as they lie (no mask, no
-    copy: a masked call costs about twice as much at pi0's sizes, docs/benchmarks-log.md "pi0's
-    attention kernels"). Where it cannot run (no ``span.flash``: CPU, float32; or under autograd,
-    RTC's guided steps) SDPA reads the same keys under a key mask."""
+    A FlashAttention variable-length kernel (``span.kernel``: FlashAttention-3's or -2's) reads
+    each row's run of keys as they lie (no mask, no copy: a masked call costs about twice as much
+    at pi0's sizes, docs/benchmarks-log.md "pi0's attention kernels"). Where none runs (``sdpa``:
+    CPU, float32; or under autograd, RTC's guided steps) SDPA reads the same keys under a key mask."""
     B, T, nh, hd = q.shape
     L, nkv = keys.shape[1], keys.shape[2]
-    if span.flash and not torch.is_grad_enabled():
+    if span.kernel == "flash3" and not torch.is_grad_enabled():
+        y = flash3_varlen(
+            q.reshape(B * T, nh, hd),
+            keys.view(B * L, nkv, hd),
+            values.view(B * L, nkv, hd),
+            span.query_starts,
+            span.key_starts,
+            span.lengths,
+            T,
+            L - span.offset,
+        )
+        return y.view(B, T, nh * hd)
+    if span.kernel == "flash2" and not torch.is_grad_enabled():
         y = torch.ops.aten._flash_attention_forward(
             q.reshape(B * T, nh, hd),
             keys.view(B * L, nkv, hd),
@@ -374,21 +439,30 @@ class Pi0(nn.Module):
                     nn.init.ones_(m.weight)
                 elif isinstance(m, RMSNorm) and hasattr(m, "modulation"):  # adaRMS gates open
                     nn.init.ones_(m.modulation.bias.view(3, -1)[2])
-        self.attention = "auto"  # or "sdpa": the masked kernel everywhere (the bench's comparison)
+        # one of ATTENTION_CHOICES: "auto" is the fastest kernel that runs here; the bench names
+        # the others to compare them ("sdpa": the masked kernel everywhere)
+        self.attention = "auto"
         self.eval()
 
-    def flash_attention(self) -> bool:
-        """Whether :func:`attend` takes FlashAttention's variable-length kernel: ``attention`` is
-        ``auto`` and the stacks are half precision on a GPU that has it (sm80+, head dim <= 256)."""
+    def attention_kernel(self) -> Attention:
+        """The kernel :func:`attend` runs for ``attention``: ``flash3`` on Hopper in bf16 where the
+        ``flash3`` extra is installed and runs, else ``flash2`` (FlashAttention-2's, in torch) for
+        half precision on a GPU that has it (sm80+, head dim <= 256), else ``sdpa``. A kernel
+        named where it cannot run falls back the same way (the bench names them; users don't)."""
+        if self.attention not in ATTENTION_CHOICES:
+            raise ValueError(f"pi0 attention must be one of {ATTENTION_CHOICES}, not {self.attention!r}")
         w = self.token_embedding.weight
-        return (
-            self.attention == "auto"
-            and w.is_cuda
+        if self.attention in ("auto", "flash3") and w.dtype == torch.bfloat16 and w.is_cuda:
+            if flash3_runs(w.device):
+                return "flash3"
+        flash2 = (
+            w.is_cuda
             and w.dtype in (torch.float16, torch.bfloat16)
             and self.config.head_dim <= 256
             and torch.backends.cuda.is_flash_attention_available()
             and torch.cuda.get_device_capability(w.device)[0] >= 8
         )
+        return "flash2" if self.attention != "sdpa" and flash2 else "sdpa"
 
     def float32_parameters(self) -> Iterator[nn.Parameter]:
         """The parameters openpi keeps in float32 whatever the model's dtype."""
@@ -447,7 +521,7 @@ class Pi0(nn.Module):
         c = self.config
         B, P, _ = emb.shape
         S, H = c.state_tokens, c.action_horizon
-        rows, flash = H + S + P, self.flash_attention()
+        rows, kernel = H + S + P, self.attention_kernel()
         valid = mask.sum(1)
         positions = torch.arange(P, device=mask.device).expand(B, P)
         rotary = rope(positions, c.head_dim, c.rope_theta, emb.dtype)
@@ -455,7 +529,7 @@ class Pi0(nn.Module):
         kv = [
             tuple(emb.new_empty(B, rows, c.n_kv_head, c.head_dim) for _ in "kv") for _ in self.prefix_layers
         ]
-        x, span = pack_valid_first(emb, mask), KeySpan.of(valid, P, rows, H + S, flash)
+        x, span = pack_valid_first(emb, mask), KeySpan.of(valid, P, rows, H + S, kernel)
         for layer, buffers in zip(self.prefix_layers, kv, strict=True):
             x = layer(x, rotary, buffers, H + S, span)
         suffix_positions = valid[:, None] + torch.arange(S + H, device=mask.device)
@@ -463,11 +537,11 @@ class Pi0(nn.Module):
         if S:  # pi0's state token: attends the prefix and itself, never the actions
             x, span = (
                 self.state_proj(state.float())[:, None, :].to(emb.dtype),
-                KeySpan.of(valid + S, S, rows, H, flash),
+                KeySpan.of(valid + S, S, rows, H, kernel),
             )
             for layer, buffers in zip(self.expert_layers, kv, strict=True):
                 x = layer(x, (cos[:, :S], sin[:, :S]), buffers, H, span)
-        return PrefixCache(kv, KeySpan.of(valid + S + H, H, rows, 0, flash), (cos[:, S:], sin[:, S:]))
+        return PrefixCache(kv, KeySpan.of(valid + S + H, H, rows, 0, kernel), (cos[:, S:], sin[:, S:]))
 
     def velocity(self, cache: PrefixCache, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The action expert: v(x_t, t) ``[B, H, action_dim]`` float32 given the cached prefix."""

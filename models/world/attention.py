@@ -26,15 +26,15 @@ mask it is always SDPA's call.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
+
+from models.attention_kernels import OPTIONAL_KERNELS, kernel_usable
 
 QUERY_TILE = 128  # query rows per CTA of the sm90 fused attention kernels (cuDNN's and FA4's at D=128)
 MIN_GAIN = 0.05  # a split must raise the last-wave fill by this much to pay for its merge
@@ -45,42 +45,7 @@ Kernel = Literal["sdpa", "flash4", "flash3"]
 KERNEL_CHOICES = ("auto", "sdpa", "flash4", "flash3")
 
 
-@dataclass(frozen=True)
-class OptionalKernel:
-    """A Hopper attention kernel from an optional package: the modules that must import, the
-    dtypes it takes and how to install it."""
-
-    modules: tuple[str, ...]
-    dtypes: tuple[torch.dtype, ...]
-    install: str
-
-
-OPTIONAL_KERNELS: dict[str, OptionalKernel] = {
-    "flash4": OptionalKernel(
-        ("flash_attn", "flash_attn.cute"),
-        (torch.bfloat16, torch.float16),
-        "the flash4 extra (pip install 'realtime-sessions[flash4]')",
-    ),
-    # fa3-fwd builds FlashAttention-3's forward without its fp16 kernels
-    "flash3": OptionalKernel(
-        ("fa3_fwd_interface",),
-        (torch.bfloat16,),
-        "the flash3 extra (pip install 'realtime-sessions[flash3]')",
-    ),
-}
 AUTO_ORDER = ("flash4", "flash3")  # what ``auto`` tries, in order
-
-
-def kernel_usable(kernel: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
-    """``kernel``'s package is installed, ``device`` is a Hopper GPU (their sm90 forwards) and
-    ``dtype`` one it takes."""
-    spec = OPTIONAL_KERNELS[kernel]
-    return (
-        dtype in spec.dtypes
-        and device.type == "cuda"
-        and torch.cuda.get_device_capability(device)[0] == 9
-        and all(importlib.util.find_spec(module) is not None for module in spec.modules)
-    )
 
 
 @functools.cache

@@ -7,7 +7,9 @@ replays its forward on LIBERO observations at each batch size of ``--forward-bat
 CUDA events (median of ``reps`` replays after warm-up). Three policies are built in the same
 process, so their ratios compare like with like on one device: uncompiled, compiled with the
 masked SDPA attention kernel (``Pi0.attention = "sdpa"``, the model before its keys were packed)
-and compiled as served (FlashAttention's variable-length kernel over packed keys where it runs). MFU is the forward's
+and compiled as served (a FlashAttention variable-length kernel over packed keys where one runs);
+where the served kernel is FlashAttention-3's, a fourth, compiled with FlashAttention-2's
+(``Pi0.attention = "flash2"``, the kernel served before), times what FA3 gains. MFU is the forward's
 FLOPs (``torch.utils.flop_counter`` over one eager forward: the matmuls and attention) per second
 over the dense bf16 peak (``--peak-tflops``).
 
@@ -17,7 +19,8 @@ where a forward's time goes.
 
 JSON keys: ``forward_ms_N`` (compiled: the served default on CUDA), ``forward_ms_N_eager``,
 ``forward_ms_N_masked``, ``compile_speedup_N`` (uncompiled / served), ``packed_speedup_N``
-(masked / served), ``tflop_N``, ``mfu_N`` (of the served forward).
+(masked / served), ``tflop_N``, ``mfu_N`` (of the served forward); with FA3 served,
+``forward_ms_N_flash2`` and ``flash3_speedup_N`` (FA2 / served).
 """
 
 from __future__ import annotations
@@ -116,8 +119,16 @@ def forward_section(
         "masked": _policy(config, True, max(batches), attention="sdpa"),
         "compiled": _policy(config, True, max(batches)),
     }
-    print(f"(f) {config.policy} forward alone, CUDA graphs, LIBERO; median of {reps} replays")
-    print("  batch | uncompiled ms | compiled, masked ms | compiled ms | speedups | TFLOP | MFU (compiled)")
+    served = policies["compiled"].model.attention_kernel()
+    if served == "flash3":
+        policies["flash2"] = _policy(config, True, max(batches), attention="flash2")
+    print(
+        f"(f) {config.policy} forward alone, CUDA graphs, LIBERO; median of {reps} replays; served kernel {served}"
+    )
+    print(
+        "  batch | uncompiled ms | compiled, masked ms | compiled ms | speedups | TFLOP | MFU (compiled)"
+        + (" | compiled, FA2 ms" if "flash2" in policies else "")
+    )
     for n in batches:
         ms = {}
         for name, policy in policies.items():
@@ -129,6 +140,7 @@ def forward_section(
         print(
             f"  {n:5d} | {ms['eager']:13.2f} | {ms['masked']:18.2f} | {ms['compiled']:11.2f} "
             f"| {speedups[0]:.2f}, {speedups[1]:.2f} | {flops / 1e12:5.2f} | {mfu:.3f}"
+            + (f" | {ms['flash2']:.2f}" if "flash2" in ms else "")
         )
         results[f"forward_ms_{n}"] = round(ms["compiled"], 2)
         results[f"forward_ms_{n}_eager"] = round(ms["eager"], 2)
@@ -137,6 +149,9 @@ def forward_section(
         results[f"packed_speedup_{n}"] = round(speedups[1], 3)
         results[f"tflop_{n}"] = round(flops / 1e12, 3)
         results[f"mfu_{n}"] = round(mfu, 3)
+        if "flash2" in ms:
+            results[f"forward_ms_{n}_flash2"] = round(ms["flash2"], 2)
+            results[f"flash3_speedup_{n}"] = round(ms["flash2"] / ms["compiled"], 3)
         for name, policy in policies.items() if profile_kernels else ():
             split = kernel_split(policy, _args(policy, n))
             print(f"    {name}: kernels of one forward without graphs, batch {n} (kind: count, ms): {split}")

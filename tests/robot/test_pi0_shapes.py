@@ -96,16 +96,21 @@ def test_compiled_layers_under_cuda_graphs_equal_the_eager_forward(pi05):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi0.5"])
-def test_flash_attention_over_packed_keys_equals_the_masked_kernel(pi05):
-    """In bf16 on a GPU the layers take FlashAttention's variable-length kernel over each row's
-    run of keys (no mask); it gives the masked SDPA kernel's chunks, eagerly and compiled under
-    CUDA graphs, for rows with a camera missing and prompts of every length."""
+@pytest.mark.parametrize("attention", ["flash3", "flash2"])
+def test_flash_attention_over_packed_keys_equals_the_masked_kernel(pi05, attention):
+    """In bf16 on a GPU the layers take a FlashAttention variable-length kernel over each row's
+    run of keys (no mask): FlashAttention-3's (on Hopper, the ``flash3`` extra) and -2's each
+    give the masked SDPA kernel's chunks, eagerly and compiled under CUDA graphs, for rows with a
+    camera missing and prompts of every length."""
     config = replace(PI0_TINY, pi05=pi05, dtype="bfloat16")
     compiled = Pi0Policy(config, preset="libero", device="cuda", compile=True)
     eager = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False)
     masked = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False)
+    compiled.model.attention = eager.model.attention = attention
     masked.model.attention = "sdpa"
-    assert eager.model.flash_attention() and not masked.model.flash_attention()
+    if eager.model.attention_kernel() != attention:
+        pytest.skip(f"{attention} does not run here")
+    assert masked.model.attention_kernel() == "sdpa"
     compiled.warmup(8)
     observations = [examples.libero(seed=s) for s in range(3)]
     observations[1] = {**observations[1], "prompt": "pick " * 40}  # cut at the prompt length

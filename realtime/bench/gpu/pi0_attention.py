@@ -13,7 +13,14 @@ additive key-padding bias as the model builds it), median of CUDA-event timings 
 - ``nomask``: folded without the bias (FlashAttention's path): the floor a mask-free layout has;
 - ``splitS efficient`` / ``splitS cudnn``: the keys (padded to a multiple of 64, masked) in S parts
   run as one call of S times the batch, merged by log-sum-exp (flash-decoding's split-KV), by
-  the memory-efficient or the cuDNN kernel with the bias.
+  the memory-efficient or the cuDNN kernel with the bias;
+- ``flash2 varlen``: what the model runs today (``models.policy.pi0.attend``): FlashAttention-2's
+  variable-length kernel in torch over the K/V buffers as they lie (``[B, L, 1, 256]``, each
+  row's keys one run: ``cu_seqlens`` and ``seqused_k``, no mask);
+- ``flash3 varlen auto``: FlashAttention-3's own choice of both (``num_splits=0``,
+  ``pack_gqa=None``); ``flash3 varlen sS [pack]``: FlashAttention-3's (the ``fa3-fwd`` wheel, where installed) over
+  the same buffers, its keys in S splits merged by its own combine kernel, ``pack`` with the 8
+  query heads of the one K/V head packed into its query tiles (``pack_gqa``).
 
 Each figure is the device time per call: 50 calls queued back to back between two CUDA events
 (a single call between events measures the launch, not the kernel). FlexAttention candidates were
@@ -116,8 +123,11 @@ def candidates(batch: int, queries: int, keys: int) -> dict[str, object]:
                 return F.scaled_dot_product_attention(q, ke, ve, attn_mask=bias)
 
         out[f"expanded {name}"] = forced_expanded
+    out.update(varlen_candidates(q, k, v, valid))
     reference = _matmul_attention(qf, k, v, bias).float()
     for name, fn in list(out.items()):
+        if isinstance(fn, (str, _Checked)):
+            continue
         try:
             got = fn().float().reshape(reference.shape)
             err = (got - reference).abs().max().item() if name != "nomask" else 0.0
@@ -126,6 +136,61 @@ def candidates(batch: int, queries: int, keys: int) -> dict[str, object]:
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is reported, not fatal
             out[name] = f"unavailable ({str(exc).splitlines()[0][:60]})"
     return out
+
+
+def varlen_candidates(q, k, v, valid) -> dict[str, object]:
+    """The FlashAttention variable-length calls over ``k``/``v`` viewed as the model's buffers
+    ``[B * L, 1, D]``; each row attends its first ``valid.sum()`` keys. ``valid`` here has a
+    hole (the padded prompt tokens), which the model packs away: these calls read the same count
+    of keys from the row's start, so their output differs from the masked reference; they are
+    checked against SDPA over exactly those keys instead."""
+    batch, heads, queries, dim = q.shape
+    keys = k.shape[2]
+    used = valid.sum(1).to(torch.int32)
+    rows = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
+    q_starts, k_starts = rows * queries, rows * keys
+    qv = q.transpose(1, 2).reshape(batch * queries, heads, dim)
+    kv, vv = (t.transpose(1, 2).reshape(batch * keys, 1, dim) for t in (k, v))
+    out: dict[str, object] = {
+        "flash2 varlen": lambda: torch.ops.aten._flash_attention_forward(
+            qv, kv, vv, q_starts, k_starts, queries, keys, 0.0, False, False, seqused_k=used
+        )[0]
+    }
+    try:
+        from fa3_fwd_interface import flash_attn_varlen_func
+    except ImportError:
+        return out
+    out["flash3 varlen auto"] = lambda: flash_attn_varlen_func(  # FA3's own split and packing heuristics
+        qv, kv, vv, q_starts, k_starts, queries, keys, seqused_k=used, num_splits=0, pack_gqa=None
+    )
+    for splits in (1, 2, 4, 8, 16):
+        for pack in (False, True):
+            out[f"flash3 varlen s{splits}{' pack' if pack else ''}"] = lambda s=splits, p=pack: (
+                flash_attn_varlen_func(
+                    qv, kv, vv, q_starts, k_starts, queries, keys, seqused_k=used, num_splits=s, pack_gqa=p
+                )
+            )
+    n = int(used[0])
+    expected = F.scaled_dot_product_attention(q, k[:, :, :n], v[:, :, :n], enable_gqa=True).transpose(1, 2)
+    for name, fn in list(out.items()):
+        try:
+            err = (fn().float().reshape(expected.shape) - expected.float()).abs().max().item()
+            if err > 0.05:
+                out[name] = f"wrong (max abs err {err:.3f})"
+        except Exception as exc:  # noqa: BLE001 - a candidate that cannot run here is reported, not fatal
+            out[name] = f"unavailable ({str(exc).splitlines()[0][:60]})"
+    # already checked above: the masked reference does not apply to them
+    return {name: (fn if isinstance(fn, str) else _Checked(fn)) for name, fn in out.items()}
+
+
+class _Checked:
+    """A candidate already checked against its own reference (see :func:`varlen_candidates`)."""
+
+    def __init__(self, fn) -> None:  # noqa: ANN001
+        self.fn = fn
+
+    def __call__(self):  # noqa: ANN204
+        return self.fn()
 
 
 def main() -> None:
