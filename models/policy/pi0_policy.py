@@ -35,8 +35,20 @@ from models.policy.pi0 import PI0, PI0_TINY, Pi0Config, build
 from models.policy.processing import OutputMap, Processing, resize_with_pad
 from models.policy.rtc import Guide, RTCOptions, RTCState
 
+PROMPT_WIDTH = 16  # the narrowest prompt a batch carries (tokens)
+
 RANDOM_CONFIGS = {"pi0-tiny": PI0_TINY, "pi0-shaped": replace(PI0, vocab_size=257)}
 """Random-weight models (byte prompts): pi0-tiny for CPU serving and tests, pi0-shaped for GPU timing."""
+
+
+def prompt_widths(max_tokens: int) -> tuple[int, ...]:
+    """The prompt widths a batch is cut to: :data:`PROMPT_WIDTH` doubling below ``max_tokens``,
+    then ``max_tokens`` (pi0's 48: 16, 32, 48; pi0.5's 200: 16, 32, 64, 128, 200). Each is a set
+    of CUDA graphs, so a few widths; a batch's padding is then less than its longest prompt."""
+    widths = [PROMPT_WIDTH]
+    while widths[-1] * 2 < max_tokens:
+        widths.append(widths[-1] * 2)
+    return tuple(w for w in widths if w < max_tokens) + (max_tokens,)
 
 
 @dataclass(frozen=True)
@@ -178,27 +190,31 @@ class Pi0Policy:
         scales them), missing ones black and masked; state, prompt and output map per item.
 
         Camera slots after the last one any item of the batch fills are left out altogether (a
-        LIBERO batch carries 2 of the 3): masked tokens are never attended to and take no
-        position, so computing them only costs time."""
+        LIBERO batch carries 2 of the 3), and so is the prompts' padding beyond the
+        :func:`prompt_widths` width that holds the batch's longest prompt: masked tokens are
+        never attended to and take no position, so computing them only costs time."""
         c, p = self.config, self.processing
         B, R = len(batch), c.image_size
         C = max(
             (j + 1 for item in batch for j, im in enumerate(item.observation.images) if im is not None),
             default=1,
         )
+        inputs = [p.model_inputs(item.observation.prompt, item.observation.state) for item in batch]
+        longest = max(int(mask.sum()) for _, _, mask in inputs)
+        W = next(w for w in prompt_widths(p.max_tokens) if w >= longest)
         pixels = np.zeros((B, C, R, R, 3), np.uint8)
         image_mask = np.zeros((B, C), bool)
-        tokens = np.zeros((B, p.max_tokens), np.int64)
-        token_mask = np.zeros((B, p.max_tokens), bool)
+        tokens = np.zeros((B, W), np.int64)
+        token_mask = np.zeros((B, W), bool)
         state = np.zeros((B, c.state_dim), np.float32)
         outputs = []
-        for i, item in enumerate(batch):
+        for i, (item, (item_state, item_tokens, item_mask)) in enumerate(zip(batch, inputs, strict=True)):
             obs = item.observation
             for j, image in enumerate(obs.images[:C]):
                 if image is not None:
                     pixels[i, j] = resize_with_pad(image, R)
                     image_mask[i, j] = True
-            state[i], tokens[i], token_mask[i] = p.model_inputs(obs.prompt, obs.state)
+            state[i], tokens[i], token_mask[i] = item_state, item_tokens[:W], item_mask[:W]
             outputs.append(p.output_map(obs.state, item.action_dim))
         as_tensor = torch.from_numpy
         return Pi0Batch(
@@ -211,8 +227,9 @@ class Pi0Policy:
         )
 
     def warmup(self, max_batch: int) -> None:
-        """Run blank forwards at batch 1 and ``max_batch`` (and capture every CUDA graph) so
-        first ticks pay no allocation or capture cost."""
+        """Run blank forwards at batch 1 and ``max_batch`` (and capture every CUDA graph: each
+        bucket for every camera count and prompt width) so first ticks pay no allocation or
+        capture cost."""
         c = self.config
         image = np.zeros((c.image_size, c.image_size, 3), np.uint8)
         state_dim = sum(k.size for k in self.preset.state) if self.preset else c.state_dim
@@ -226,8 +243,14 @@ class Pi0Policy:
                 example = replace(
                     blank, images=(None,) * (cameras - 1) + (image,) + (None,) * (c.max_cameras - cameras)
                 )
-                with torch.no_grad():
-                    self.graphs.capture(self.collate([Pi0Input(example, None, dim)]).as_args(self.device))
+                images, image_mask, _, _, state = self.collate([Pi0Input(example, None, dim)]).as_args(
+                    self.device
+                )
+                for width in prompt_widths(self.processing.max_tokens):
+                    token_mask = torch.arange(width, device=self.device)[None] < 1
+                    tokens = torch.zeros(1, width, dtype=torch.long, device=self.device)
+                    with torch.no_grad():
+                        self.graphs.capture((images, image_mask, tokens, token_mask, state))
         for n in sorted({1, max_batch}):
             self.infer([Pi0Input(blank, None, dim)] * n, [None] * n)
 
@@ -292,4 +315,5 @@ __all__ = [
     "Pi0Input",
     "Pi0Policy",
     "lerobot_preset",
+    "prompt_widths",
 ]

@@ -97,7 +97,11 @@ def test_pi0_libero_processing_matches_openpis_transforms_by_hand(folders):
     sp = served.processing.tokenizer.sp
     ids = batch.tokens[0, : int(batch.token_mask[0].sum())].tolist()
     assert ids == [sp.bos_id(), *sp.encode("put the bowl on the plate"), *sp.encode("\n")]
-    assert batch.token_mask.shape == (1, 48) and (batch.tokens[0, len(ids) :] == 0).all()
+    # openpi pads to 48 tokens; a batch carries the narrowest prompt width that holds its
+    # longest prompt (the padding past it takes no position and is never attended to)
+    assert batch.token_mask.shape == (1, 16) and (batch.tokens[0, len(ids) :] == 0).all()
+    long = served.collate([item, served.prepare({**obs, "prompt": "pick up " * 12})])
+    assert long.token_mask.shape == (2, 48) and long.token_mask[1].all()
     model_actions = np.linspace(-1, 1, 50 * 32, dtype=np.float32).reshape(50, 32)
     out = batch.outputs[0].apply(model_actions)
     want = model_actions[:, :7] * (2.0 + 1e-6) + 0.1
