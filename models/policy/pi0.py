@@ -25,8 +25,8 @@ layer reads that layer's prefix K/V plus its own (joint attention, openpi's "cau
     -> final (ada)RMSNorm -> ``action_out_proj`` -> velocity v = noise - action (float32).
 Attention reads per-layer K/V buffers laid out ``[actions | state | prefix]``, the prefix packed
 valid tokens first, so each row's keys are one contiguous run (:class:`KeySpan`): on a GPU in half
-precision a FlashAttention variable-length kernel reads them with no mask (:func:`attend`;
-FlashAttention-3's on Hopper where the ``flash3`` extra is installed, else FlashAttention-2's).
+precision a FlashAttention variable-length kernel reads them with no mask (:func:`attend`:
+FlashAttention-2's in torch, or FlashAttention-3's on Hopper with the ``flash3`` extra).
 Flow matching: x_1 = noise, then 10 Euler steps ``x += dt * v(x, t)``, dt = -0.1, t from 1
 accumulated in float32 as openpi does. The time embedding is openpi's sine-cosine one (periods
 4e-3 to 4, computed in float64).
@@ -221,18 +221,23 @@ def _flash3_varlen_shape(q: Tensor, *args, **kwargs) -> Tensor:  # noqa: ANN002,
 
 @functools.cache
 def flash3_runs(device: torch.device) -> bool:
-    """Whether FlashAttention-3's variable-length kernel is installed for ``device`` and one small
-    call runs (its library must load against this torch)."""
+    """Whether FlashAttention-3's variable-length kernel is installed for ``device`` and a small
+    call at pi0's head shape (8 query heads of 256 over one K/V head, a row's keys cut short by
+    its length) runs and matches SDPA (its library must load against this torch)."""
     if not kernel_usable("flash3", device, torch.bfloat16):
         return False
     try:
-        x = torch.zeros(2, 1, 256, device=device, dtype=torch.bfloat16)
-        starts = torch.tensor([0, 2], dtype=torch.int32, device=device)
-        flash3_varlen(x, x, x, starts, starts, starts[1:], 2, 2)
-        torch.cuda.synchronize(device)
+        gen = torch.Generator(device=device).manual_seed(0)
+        q = torch.randn(4, 8, 256, device=device, dtype=torch.bfloat16, generator=gen)
+        kv = torch.randn(2, 6, 1, 256, device=device, dtype=torch.bfloat16, generator=gen)
+        starts = torch.tensor([0, 4], dtype=torch.int32, device=device)
+        got = flash3_varlen(q, kv[0], kv[1], starts, starts.new_tensor([0, 6]), starts.new_tensor([3]), 4, 6)
+        want = F.scaled_dot_product_attention(
+            q.transpose(0, 1), kv[0, :3].transpose(0, 1), kv[1, :3].transpose(0, 1), enable_gqa=True
+        ).transpose(0, 1)
+        return bool((got.float() - want.float()).abs().max() <= 2e-2)
     except Exception:  # noqa: BLE001 - any failure means: FlashAttention-2's kernel instead
         return False
-    return True
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, span: KeySpan) -> torch.Tensor:
@@ -439,22 +444,27 @@ class Pi0(nn.Module):
                     nn.init.ones_(m.weight)
                 elif isinstance(m, RMSNorm) and hasattr(m, "modulation"):  # adaRMS gates open
                     nn.init.ones_(m.modulation.bias.view(3, -1)[2])
-        # one of ATTENTION_CHOICES: "auto" is the fastest kernel that runs here; the bench names
-        # the others to compare them ("sdpa": the masked kernel everywhere)
-        self.attention = "auto"
+        self.attention = "auto"  # one of ATTENTION_CHOICES (robot.attention; Pi0.attention_kernel)
         self.eval()
 
     def attention_kernel(self) -> Attention:
-        """The kernel :func:`attend` runs for ``attention``: ``flash3`` on Hopper in bf16 where the
-        ``flash3`` extra is installed and runs, else ``flash2`` (FlashAttention-2's, in torch) for
-        half precision on a GPU that has it (sm80+, head dim <= 256), else ``sdpa``. A kernel
-        named where it cannot run falls back the same way (the bench names them; users don't)."""
+        """The kernel :func:`attend` runs for ``attention``. ``auto``: ``flash2`` (FlashAttention-2's,
+        in torch) for half precision on a GPU that has it (sm80+, head dim <= 256), else ``sdpa``.
+        ``flash3`` (FlashAttention-3's, Hopper, bf16, the ``flash3`` extra) is named, not chosen by
+        ``auto``: it has not yet been timed against ``flash2`` at pi0's shapes on a GPU. A kernel
+        named where it cannot run raises ``ValueError`` saying why (``Pi0Policy`` asks at load)."""
         if self.attention not in ATTENTION_CHOICES:
             raise ValueError(f"pi0 attention must be one of {ATTENTION_CHOICES}, not {self.attention!r}")
         w = self.token_embedding.weight
-        if self.attention in ("auto", "flash3") and w.dtype == torch.bfloat16 and w.is_cuda:
-            if flash3_runs(w.device):
-                return "flash3"
+        if self.attention == "sdpa":
+            return "sdpa"
+        if self.attention == "flash3":
+            if not (w.is_cuda and w.dtype == torch.bfloat16 and flash3_runs(w.device)):
+                raise ValueError(
+                    "attention kernel flash3 needs a Hopper (sm90) CUDA device, bfloat16, and the flash3 "
+                    "extra (pip install 'realtime-sessions[flash3]') whose kernel runs here"
+                )
+            return "flash3"
         flash2 = (
             w.is_cuda
             and w.dtype in (torch.float16, torch.bfloat16)
@@ -462,7 +472,9 @@ class Pi0(nn.Module):
             and torch.backends.cuda.is_flash_attention_available()
             and torch.cuda.get_device_capability(w.device)[0] >= 8
         )
-        return "flash2" if self.attention != "sdpa" and flash2 else "sdpa"
+        if self.attention == "flash2" and not flash2:
+            raise ValueError("attention kernel flash2 needs an sm80+ CUDA device and float16 or bfloat16")
+        return "flash2" if flash2 else "sdpa"
 
     def float32_parameters(self) -> Iterator[nn.Parameter]:
         """The parameters openpi keeps in float32 whatever the model's dtype."""

@@ -116,7 +116,8 @@ class Pi0Front:
 
 class Pi0Policy:
     """pi0 / pi0.5 serving (see the module docstring). ``preset`` fixes the robot (a
-    checkpoint's own when given); ``max_prompt_chars`` bounds a prompt's length."""
+    checkpoint's own when given); ``max_prompt_chars`` bounds a prompt's length; ``attention``
+    names the kernel (``Pi0.attention_kernel``)."""
 
     def __init__(
         self,
@@ -129,6 +130,7 @@ class Pi0Policy:
         max_prompt_chars: int = presets.MAX_PROMPT_CHARS,
         cuda_graphs: bool = True,
         compile: bool = False,
+        attention: str = "auto",
         name: str = "pi0-tiny",
     ) -> None:
         self.device = device
@@ -154,6 +156,8 @@ class Pi0Policy:
         self.model = build(config, device)
         if checkpoint is not None:
             load_weights(self.model, checkpoint)
+        self.model.attention = attention
+        self.model.attention_kernel()  # a kernel named where it cannot run fails the load, saying why
         if compile:
             self.model.compile_layers()
         self.graphs: BatchGraphs | None = None  # captured at warmup (CUDA only)

@@ -466,6 +466,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--profile", action="store_true", help="(f): kernel time by kind per batch size")
     parser.add_argument(
+        "--attention",
+        choices=["auto", "flash3", "flash2", "sdpa"],
+        default="auto",
+        help="robot.attention for both servers and (f)'s served policy (flash3: Hopper, the flash3 extra)",
+    )
+    parser.add_argument(
         "--compile",
         choices=["auto", "on", "off"],
         default="auto",
@@ -530,7 +536,7 @@ def main(argv: list[str]) -> int:
     counts = [int(n) for n in args.clients.split(",")]
     files = {k: v for k, v in (("checkpoint", args.checkpoint), ("tokenizer", args.tokenizer)) if v}
     compile_setting = {"auto": "auto", "on": True, "off": False}[args.compile]
-    files = {**files, "compile": compile_setting}
+    files = {**files, "compile": compile_setting, "attention": args.attention}
     process = {"auto": "auto", "true": True, "false": False}[args.process]
     robot: dict[str, Any] = {"device": args.device, "process": process, **files}
     if args.coalesce_window_s is not None:

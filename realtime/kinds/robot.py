@@ -117,6 +117,7 @@ def build_policy(config: RobotConfig) -> Policy:
         device=device,
         cuda_graphs=config.cuda_graphs,
         compile=config.compile is True or (config.compile == "auto" and device.startswith("cuda")),
+        attention=config.attention,
         name=config.policy,
         **limits,
     )

@@ -13,7 +13,7 @@ from models.cuda_graphs import buckets
 from models.policy.checkpoint import model_config
 from models.policy.checkpoint_writer import openpi_state_dict
 from models.policy.pi0 import PI0, PI0_TINY, PI05, Pi0
-from models.policy.pi0_policy import Pi0Policy
+from models.policy.pi0_policy import Pi0Policy, prompt_widths
 from realtime.bench import examples
 
 
@@ -39,12 +39,30 @@ SMALL_VISION = replace(PI0_TINY, patch_size=16, vision_width=72, vision_heads=1,
 def test_batch_rows_are_independent(pi05):
     policy = Pi0Policy(replace(SMALL_VISION, pi05=pi05), preset="libero")
     observations = [examples.libero(seed=s) for s in range(3)]
+    observations[2]["prompt"] = "stack the blocks " * 8  # the batch's prompts at their widest
     together = policy.infer([policy.prepare(o) for o in observations], [None] * 3)
     alone = [policy.infer([policy.prepare(o)], [None])[0] for o in observations]
     for a, b in zip(together, alone, strict=True):
         assert a.shape == (50, 7) and np.isfinite(a).all()
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert not np.allclose(together[0], together[1])
+
+
+def test_a_batch_carries_the_narrowest_prompt_width_that_holds_its_longest_prompt():
+    assert prompt_widths(48) == (16, 32, 48)  # pi0
+    assert prompt_widths(200) == (16, 32, 64, 128, 200)  # pi0.5
+    assert prompt_widths(16) == (16,)
+    policy = Pi0Policy(SMALL_VISION, preset="libero")
+    short, long = (policy.prepare(examples.libero(prompt=p)) for p in ("go", "stack the blocks " * 8))
+    assert policy.collate([short]).tokens.shape[1] == 16
+    assert policy.collate([short, long]).tokens.shape[1] == SMALL_VISION.prompt_len
+
+
+def test_the_attention_kernel_on_the_cpu_is_sdpa_and_a_named_flash_kernel_fails_the_load():
+    assert Pi0Policy(SMALL_VISION, preset="libero").model.attention_kernel() == "sdpa"
+    for kernel in ("flash3", "flash2"):
+        with pytest.raises(ValueError, match=f"attention kernel {kernel} needs"):
+            Pi0Policy(SMALL_VISION, preset="libero", attention=kernel)
 
 
 def test_buckets_are_powers_of_two_up_to_max_batch():
@@ -103,14 +121,13 @@ def test_flash_attention_over_packed_keys_equals_the_masked_kernel(pi05, attenti
     give the masked SDPA kernel's chunks, eagerly and compiled under CUDA graphs, for rows with a
     camera missing and prompts of every length."""
     config = replace(PI0_TINY, pi05=pi05, dtype="bfloat16")
-    compiled = Pi0Policy(config, preset="libero", device="cuda", compile=True)
-    eager = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False)
-    masked = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False)
-    compiled.model.attention = eager.model.attention = attention
-    masked.model.attention = "sdpa"
-    if eager.model.attention_kernel() != attention:
-        pytest.skip(f"{attention} does not run here")
-    assert masked.model.attention_kernel() == "sdpa"
+    try:
+        compiled = Pi0Policy(config, preset="libero", device="cuda", compile=True, attention=attention)
+    except ValueError as exc:  # flash3 off Hopper or without the extra
+        pytest.skip(str(exc))
+    eager = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False, attention=attention)
+    masked = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False, attention="sdpa")
+    assert eager.model.attention_kernel() == attention and masked.model.attention_kernel() == "sdpa"
     compiled.warmup(8)
     observations = [examples.libero(seed=s) for s in range(3)]
     observations[1] = {**observations[1], "prompt": "pick " * 40}  # cut at the prompt length
