@@ -215,9 +215,13 @@ class ProcessPolicy:
 
         def wait() -> None:
             multiprocessing.connection.wait([self.process.sentinel])
-            if not self._closing:
-                with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
-                    loop.call_soon_threadsafe(post)
+            if self._closing:
+                return
+            # The sentinel fires as the dying child closes its files, a moment before it can be
+            # reaped; until then is_alive() still says True and check() would find it alive.
+            self.process.join()
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
+                loop.call_soon_threadsafe(post)
 
         threading.Thread(target=wait, name=f"{self.process.name}-watch", daemon=True).start()
 
