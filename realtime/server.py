@@ -314,8 +314,13 @@ class GracefulServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def build_server(config: DeployConfig, host: str | None = None, port: int | None = None) -> GracefulServer:
-    app = create_app(config)
+def uvicorn_config(
+    app: Starlette, config: DeployConfig, host: str, port: int, *, replica: bool = False
+) -> uvicorn.Config:
+    """Uvicorn's config for serving ``app`` with this module's protocols and the ``server.*``
+    limits (``build_server``). ``replica``: a replica's own server behind the ingress
+    (``realtime.scale.direct``): no lifespan (Serve runs the app's) and plain HTTP (the ingress
+    terminates TLS)."""
     server_cfg = config.server
     state = app.state.rt
     max_connections = connection_limit(server_cfg.max_connections)
@@ -326,10 +331,10 @@ def build_server(config: DeployConfig, host: str | None = None, port: int | None
         {"message_limit": staticmethod(state.websocket_limit)},
     )
     state.max_connections = max_connections
-    uv_config = uvicorn.Config(
+    return uvicorn.Config(
         app,
-        host=host or server_cfg.host,
-        port=server_cfg.port if port is None else port,
+        host=host,
+        port=port,
         log_config=None,
         http=http,
         ws=ws,
@@ -338,8 +343,14 @@ def build_server(config: DeployConfig, host: str | None = None, port: int | None
         ws_ping_timeout=server_cfg.ws_ping_timeout_s,
         ws_per_message_deflate=False,
         timeout_graceful_shutdown=server_cfg.shutdown_timeout_s,
-        lifespan="on",
-        ssl_certfile=server_cfg.ssl_certfile or None,  # TLS: uvicorn's own SSL options
-        ssl_keyfile=server_cfg.ssl_keyfile or None,
+        lifespan="off" if replica else "on",
+        ssl_certfile=None if replica else server_cfg.ssl_certfile or None,  # TLS: uvicorn's own
+        ssl_keyfile=None if replica else server_cfg.ssl_keyfile or None,
     )
-    return GracefulServer(uv_config, app)
+
+
+def build_server(config: DeployConfig, host: str | None = None, port: int | None = None) -> GracefulServer:
+    app = create_app(config)
+    server_cfg = config.server
+    port = server_cfg.port if port is None else port
+    return GracefulServer(uvicorn_config(app, config, host or server_cfg.host, port), app)

@@ -153,27 +153,42 @@ def direct_on(cores: tuple[int, ...] | None, policy: str, threads: int, robot: d
         yield url
 
 
+@dataclass(frozen=True)
+class Ports:
+    """The ingress's port (what clients dial, as with ``realtime serve --replicas``) and Serve's
+    proxy's behind it."""
+
+    ingress: int
+    proxy: int
+
+    def url(self, which: str = "ingress") -> str:
+        return f"ws://127.0.0.1:{getattr(self, which)}"
+
+
 @contextlib.contextmanager
-def serve_app(config: Any, replicas: int, port: int) -> Iterator[str]:
-    """The robot app on Serve with ``replicas`` replicas, ready; yields the proxy's ws:// URL."""
-    from realtime.scale.launch import undeploy
+def serve_app(config: Any, replicas: int, ports: Ports) -> Iterator[str]:
+    """The robot app on Serve with ``replicas`` replicas behind the ingress, ready; yields the
+    ingress's ws:// URL."""
+    from realtime.scale.launch import start_ingress, undeploy
 
-    url = f"ws://127.0.0.1:{port}"
-    scale_to(config, replicas, url)
+    ingress = start_ingress(config, replicas, "127.0.0.1", ports.ingress, ports.proxy)
     try:
-        yield url
+        scale_to(config, replicas, ports)
+        try:
+            yield ports.url()
+        finally:
+            undeploy(config)
     finally:
-        undeploy(config)
+        ingress.stop()
 
 
-def scale_to(config: Any, replicas: int, url: str) -> None:
+def scale_to(config: Any, replicas: int, ports: Ports) -> None:
     """Deploy ``replicas`` replicas (a running app is scaled), wait until each is ready, then until
-    the proxy's router has each one's routing report: a replica it has no report of gets no new
+    the routers have each one's routing report: a replica a router has no report of gets no new
     session (docs/scaling.md), so robots connecting sooner would all land on the older replica."""
     from realtime.scale.launch import deploy, wait_ready
 
-    port = int(url.rsplit(":", 1)[1])
-    http = deploy(config, replicas, "127.0.0.1", port)
+    http = deploy(config, replicas, ports.proxy)
     failure = wait_ready(http, replicas, threading.Event())
     if failure is not None:
         raise RuntimeError(f"replicas did not start: {failure}")
@@ -290,27 +305,32 @@ def replica_loss(url: str, clients: int, voices: int) -> dict[str, LossOutcome]:
     }
 
 
-def proxy_cost(args: argparse.Namespace, zeros: Any, first: tuple[int, ...] | None, port: int) -> dict:
-    """(a): one robot, the zeros policy, alternating blocks direct and through the proxy."""
+def proxy_cost(args: argparse.Namespace, zeros: Any, first: tuple[int, ...] | None, ports: Ports) -> dict:
+    """(a): one robot, the zeros policy, alternating blocks direct and through the ingress; then
+    direct and through Serve's proxy (the path of HTTP requests, and of ``serve run``)."""
     direct_robot = {"device": args.device}
     with (
         direct_on(first, "zeros", args.threads, direct_robot) as direct,
-        serve_app(zeros, 1, port) as proxied,
+        serve_app(zeros, 1, ports) as ingress,
     ):
-        samples = overhead(proxied, direct, examples.libero(0), args.requests, args.blocks)
-    direct_p50, proxy_p50 = _ms(samples["peer"], 50), _ms(samples["ours"], 50)
+        samples = overhead(ingress, direct, examples.libero(0), args.requests, args.blocks)
+        via_proxy = overhead(ports.url("proxy"), direct, examples.libero(0), args.requests, args.blocks)
+    direct_p50, ingress_p50 = _ms(samples["peer"], 50), _ms(samples["ours"], 50)
+    proxy_direct_p50, proxy_p50 = _ms(via_proxy["peer"], 50), _ms(via_proxy["ours"], 50)
     print(
-        f"(a) zeros policy, LIBERO, one robot: direct p50 {direct_p50} ms, through the proxy {proxy_p50} ms"
+        f"(a) zeros policy, LIBERO, one robot: direct p50 {direct_p50} ms, through the ingress "
+        f"{ingress_p50} ms; direct {proxy_direct_p50} ms, through Serve's proxy {proxy_p50} ms"
     )
     return {
-        "proxy_added_p50_ms": round(proxy_p50 - direct_p50, 2),
+        "proxy_added_p50_ms": round(ingress_p50 - direct_p50, 2),
         "direct_p50_ms": direct_p50,
-        "proxy_p50_ms": proxy_p50,
+        "proxy_p50_ms": ingress_p50,
+        "serve_proxy_added_p50_ms": round(proxy_p50 - proxy_direct_p50, 2),
     }
 
 
 def replicas_and_loss(
-    args: argparse.Namespace, model: Any, first: tuple[int, ...] | None, port: int, parts: set[str]
+    args: argparse.Namespace, model: Any, first: tuple[int, ...] | None, ports: Ports, parts: set[str]
 ) -> dict:
     """(b): direct, one replica, two replicas at the same load; (c): one of two replicas killed."""
     runs: dict[str, tuple[float, list[float], list[dict]]] = {}
@@ -318,10 +338,10 @@ def replicas_and_loss(
     if "b" in parts:
         with direct_on(first, args.policy, args.threads, {"device": args.device}) as direct:
             runs["direct"] = throughput(direct, args.clients, args.seconds)
-    with serve_app(model, 1 if "b" in parts else 2, port) as proxied:
+    with serve_app(model, 1 if "b" in parts else 2, ports) as proxied:
         if "b" in parts:
             runs["1 replica"] = throughput(proxied, args.clients, args.seconds)
-            scale_to(model, 2, proxied)
+            scale_to(model, 2, ports)
             runs["2 replicas"] = throughput(proxied, args.clients, args.seconds)
         if "c" in parts:
             outcomes = replica_loss(proxied, args.clients, args.voice_sessions)
@@ -455,14 +475,14 @@ def main(argv: list[str]) -> int:
     if split is not None:
         pin_process(split.rest)  # before Ray starts: its processes inherit it
     first = split.first if split else None
-    port = _free_port()
+    ports = Ports(ingress=_free_port(), proxy=_free_port())
     start_ray(model, 2, None)
     results: dict[str, Any] = {}
     try:
         if "a" in parts:
-            results |= proxy_cost(args, zeros, first, port)
+            results |= proxy_cost(args, zeros, first, ports)
         if parts & {"b", "c"}:
-            results |= replicas_and_loss(args, model, first, port, parts)
+            results |= replicas_and_loss(args, model, first, ports, parts)
     finally:
         ray.shutdown()
     results |= {

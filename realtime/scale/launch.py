@@ -7,13 +7,15 @@ run``): ``N`` replicas of :class:`~realtime.scale.replica.RealtimeReplica`, each
 (``realtime.scale.router``) fed by routing stats every ``replicas.stats_period_s``.
 
 :func:`serve_replicas` runs it: a local Ray instance of its own (or the cluster at ``ADDR``),
-Serve's HTTP proxy on ``server.host``/``server.port`` (the single server's address, so every
-client works unchanged), the app under the route prefix ``/``; it logs ``ready`` with the URL
+the ingress (``realtime.scale.ingress``) on ``server.host``/``server.port`` (the single server's
+address, TLS included, so every client works unchanged) relaying each websocket to its replica's
+own server and everything else to Serve's HTTP proxy on a loopback port, the app under the route
+prefix ``/``; it logs ``ready`` with the URL
 once every replica loaded its models, and on SIGTERM/SIGINT drains every replica (its websockets
 closed with 1001 like the single server's), deletes the app and its checkpoint store and
 disconnects from Ray (a local instance ends with it). Exit status: 0 after
 a signal, 1 when a replica's model load failed or the app did not deploy, 2 for a config the
-replicas cannot run.
+replicas cannot run or an address the ingress cannot listen on.
 
 :func:`drain_replica` is ``realtime drain REPLICA``: one replica's sessions moved to the others.
 """
@@ -27,6 +29,7 @@ import math
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -39,9 +42,12 @@ from ray import serve
 from ray.serve.config import HTTPOptions, RequestRouterConfig
 
 from realtime.config import ConfigError, DeployConfig
+from realtime.scale.affinity import named_session
 from realtime.scale.checkpoints import remove_store
+from realtime.scale.ingress import Choose, Ingress, IngressThread
 from realtime.scale.replica import DEPLOYMENT, Peers, RealtimeReplica
 from realtime.scale.router import SessionRouter
+from realtime.server import PROBE_RESERVE
 
 log = logging.getLogger("realtime.scale.launch")
 
@@ -53,6 +59,7 @@ PROXY_CALLBACK = "realtime.scale.proxy:middlewares"
 INLINE_OBJECTS_ENV = "RAY_max_direct_call_object_size"
 INLINE_OBJECT_BYTES = 1 << 20
 POLL_S = 0.5
+PROXY_HOST = "127.0.0.1"  # Serve's proxy, behind the ingress on this node
 
 
 def check_config(config: DeployConfig, config_name: str, num_replicas: int) -> None:
@@ -152,13 +159,49 @@ def start_ray(config: DeployConfig, num_replicas: int, ray_address: str | None) 
     )
 
 
-def deploy(config: DeployConfig, num_replicas: int, host: str, port: int) -> str:
-    """Serve's proxy on ``host:port`` and the app of ``config`` with ``num_replicas`` replicas
-    (a running app of the same name is updated); returns the URL. Raises ``RuntimeError`` when
-    the app does not deploy."""
-    serve.start(http_options=HTTPOptions(host=host, port=port))
+def deploy(config: DeployConfig, num_replicas: int, proxy_port: int) -> str:
+    """Serve's proxy on ``127.0.0.1:proxy_port`` (behind the ingress) and the app of ``config``
+    with ``num_replicas`` replicas (a running app of the same name is updated); returns the proxy's
+    URL. Raises ``RuntimeError`` when the app does not deploy."""
+    serve.start(http_options=HTTPOptions(host=PROXY_HOST, port=proxy_port))
     serve.run(application(config, num_replicas), name=config.replicas.app_name, route_prefix="/")
-    return f"http://{host}:{port}"
+    return f"http://{PROXY_HOST}:{proxy_port}"
+
+
+def direct_chooser(app_name: str) -> Choose:
+    """The ingress's question for a websocket handshake: a handle call to
+    ``RealtimeReplica.direct_address`` that the session router places as it would place the
+    handshake (the session it names goes with the call, its scope is the call's argument)."""
+    handle: Any = None
+
+    async def choose(scope: dict[str, Any]) -> str | None:
+        nonlocal handle
+        if handle is None:
+            handle = serve.get_deployment_handle(DEPLOYMENT, app_name)
+        options: dict[str, Any] = {"method_name": "direct_address"}
+        if name := named_session(scope):
+            options["session_id"] = name
+        return await handle.options(**options).remote(scope)
+
+    return choose
+
+
+def start_ingress(config: DeployConfig, num_replicas: int, host: str, port: int, proxy_port: int) -> IngressThread:
+    """The ingress (``realtime.scale.ingress``) on ``host:port`` in front of Serve's proxy on
+    ``proxy_port``, terminating TLS when ``server.ssl_certfile`` is set. Raises ``OSError`` when
+    the address is taken."""
+    server = config.server
+    context = None
+    if server.ssl_certfile:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(server.ssl_certfile, server.ssl_keyfile)
+    ingress = Ingress(
+        direct_chooser(config.replicas.app_name),
+        (PROXY_HOST, proxy_port),
+        max_connections=num_replicas * server.max_connections + PROBE_RESERVE,
+        ssl_context=context,
+    )
+    return IngressThread(ingress, host, port)
 
 
 def undeploy(config: DeployConfig) -> dict[str, int]:
@@ -186,17 +229,23 @@ def serve_replicas(
         return 2
     host = host or config.server.host
     port = config.server.port if port is None else port
-    if port == 0:
-        port = _free_port(host)
+    try:
+        proxy_port = _free_port(PROXY_HOST)
+        ingress = start_ingress(config, num_replicas, host, port, proxy_port)
+    except OSError as exc:
+        print(f"realtime: cannot listen on {host}:{port}: {exc.strerror or exc}", flush=True, file=sys.stderr)
+        return 2
+    scheme = "https" if config.server.ssl_certfile else "http"
+    url = f"{scheme}://{host}:{ingress.port}"
     start_ray(config, num_replicas, ray_address)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     status = 0
     try:
-        url = deploy(config, num_replicas, host, port)
+        proxy_url = deploy(config, num_replicas, proxy_port)
         api_key = config.server.api_keys[0] if config.server.api_keys else None
-        failure = wait_ready(url, num_replicas, stop, api_key)
+        failure = wait_ready(proxy_url, num_replicas, stop, api_key)
         if failure is None:
             log.info(
                 "ready",
@@ -219,6 +268,7 @@ def serve_replicas(
         try:
             drained = undeploy(config)
         finally:
+            ingress.stop()
             ray.shutdown()  # a local instance ends with it; a cluster keeps Serve for its other apps
         log.info("stopped", extra={"seconds": round(time.monotonic() - started, 1), **drained})
     return status

@@ -39,6 +39,7 @@ from realtime.logs import configure_logging
 from realtime.scale.affinity import replica_key, websocket_routes
 from realtime.scale.checkpoints import RayCheckpointStore
 from realtime.scale.cores import pin_process, replica_block
+from realtime.scale.direct import DirectServer
 from realtime.scale.resume import Checkpointer
 from realtime.scale.session_check import SessionCheck
 from realtime.scale.views import ClusterViews, Snapshot, report, snapshot
@@ -95,6 +96,7 @@ class RealtimeReplica:
         self.config = config
         self.tag = ""
         self._app: Starlette | None = None
+        self._direct: DirectServer | None = None
         self.routes: tuple[tuple[str, str], ...] = ()
 
     def __serve_build_asgi_app__(self) -> Starlette:
@@ -159,6 +161,16 @@ class RealtimeReplica:
             return {}
         return report(self._state(), self.tag, self.routes).to_stats()
 
+    async def direct_address(self, scope: dict[str, Any]) -> str | None:
+        """The ingress's question for a websocket handshake (``scope``) the session router placed
+        here: ``host:port`` of this replica's own server (``realtime.scale.direct``), started on
+        the first call; ``None`` before the app is built."""
+        if self._app is None:
+            return None
+        if self._direct is None:
+            self._direct = DirectServer(self._app, self.config, ray.util.get_node_ip_address())
+        return await self._direct.address()
+
     async def replica_snapshot(self, tag: str, with_metrics: bool) -> Snapshot | None:
         """A peer's question; ``None`` when the router could not bring it to replica ``tag``."""
         if tag != self.tag or self._app is None:
@@ -171,6 +183,8 @@ class RealtimeReplica:
         every replica before it deletes the app); ``None`` when the call reached another replica."""
         if tag != self.tag or self._app is None:
             return None
+        if self._direct is not None:
+            self._direct.stop_listening()
         result = await self._state().drain()
         return {"closed": result.closed, "aborted": result.aborted, "undrained": result.undrained}
 

@@ -11,7 +11,8 @@ What a router can see of a request (checked against Ray 2.60's proxy): ``Request
 ``is_http_request``) and the request's arguments. For an HTTP or websocket request from the proxy
 the one argument is the pickled ``StreamingHTTPRequest`` whose ``asgi_scope`` holds the path,
 the query string and the headers: :func:`request_of` reads the session named in the query and the
-kind the path opens from it. Should a later Ray change that argument, only the header still names
+kind the path opens from it. The ingress (``realtime.scale.ingress``) asks with a handle call to
+``direct_address`` whose one argument is the handshake's scope (the same keys), read the same way. Should a later Ray change that argument, only the header still names
 a session and new sessions are placed without their kind (least loaded overall); nothing fails.
 
 The replicas' capacity arrives as their routing stats (``ReplicaReport``), refreshed by Serve
@@ -35,10 +36,13 @@ log = logging.getLogger("realtime.scale.router")
 
 
 def _scope(pending: PendingRequest) -> dict[str, Any] | None:
-    """The ASGI scope of a request from the HTTP proxy, or ``None`` (a handle call)."""
-    if not pending.metadata.is_http_request or not pending.args:
+    """The ASGI scope of a request from the HTTP proxy, the handshake's scope the ingress passes to
+    ``direct_address``, or ``None`` (the replicas' calls to each other)."""
+    if not pending.args:
         return None
     arg = pending.args[0]
+    if not pending.metadata.is_http_request:
+        return arg if isinstance(arg, dict) and arg.get("type") == "websocket" else None
     try:
         request = pickle.loads(arg) if isinstance(arg, bytes | bytearray) else arg
         scope = request.asgi_scope
