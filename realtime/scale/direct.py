@@ -43,7 +43,9 @@ class DirectServer:
     async def _start(self) -> str:
         sock = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET, socket.SOCK_STREAM)
         sock.bind((self._host, 0))
-        server = self._server = uvicorn.Server(uvicorn_config(self._app, self._config, self._host, 0, replica=True))
+        server = self._server = uvicorn.Server(
+            uvicorn_config(self._app, self._config, self._host, 0, replica=True)
+        )
         server.capture_signals = contextlib.nullcontext  # the replica's signals are Ray's
         serving = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started:

@@ -44,6 +44,7 @@ from urllib.parse import unquote
 
 import h11
 
+from realtime.logs import log_limited
 from realtime.scale.proxy import LOST_CODE, LOST_REASON
 
 log = logging.getLogger("realtime.scale.ingress")
@@ -80,7 +81,12 @@ def handshake_scope(head: bytes) -> dict[str, Any] | None:
     if event.method != b"GET" or b"websocket" not in upgrade:
         return None
     path, _, query = bytes(event.target).partition(b"?")
-    return {"type": "websocket", "path": unquote(path.decode("latin-1")), "query_string": query, "headers": headers}
+    return {
+        "type": "websocket",
+        "path": unquote(path.decode("latin-1")),
+        "query_string": query,
+        "headers": headers,
+    }
 
 
 def close_frame(code: int, reason: str) -> bytes:
@@ -221,7 +227,9 @@ class _Client(asyncio.Protocol):
             self.pause_reading()
             if self._timer is not None:
                 self._timer.cancel()
-            self._routing = asyncio.get_running_loop().create_task(self._route(bytes(self._buffer[: end + 4])))
+            self._routing = asyncio.get_running_loop().create_task(
+                self._route(bytes(self._buffer[: end + 4]))
+            )
         elif len(self._buffer) > HEAD_LIMIT_BYTES:
             self._refuse("431 Request Header Fields Too Large", "request head too large")
 
@@ -253,8 +261,16 @@ class _Client(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         try:
             _, upstream = await loop.create_connection(lambda: _Upstream(self, frames), *address)
-        except OSError as exc:
-            log.warning("upstream refused the connection", extra={"upstream": f"{address[0]}:{address[1]}", "error": str(exc)})
+        except OSError as exc:  # a replica just lost: the caller tries Serve's proxy
+            where = f"{address[0]}:{address[1]}"
+            log_limited(
+                log,
+                logging.WARNING,
+                f"ingress-connect-{where}",
+                "upstream refused the connection",
+                upstream=where,
+                error=str(exc),
+            )
             return None
         return upstream
 
@@ -310,7 +326,12 @@ class Ingress:
     HTTP proxy."""
 
     def __init__(
-        self, choose: Choose, proxy: Address, *, max_connections: int, ssl_context: ssl.SSLContext | None = None
+        self,
+        choose: Choose,
+        proxy: Address,
+        *,
+        max_connections: int,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._choose = choose
         self.proxy = proxy
@@ -323,15 +344,25 @@ class Ingress:
         """The replica's own server for a handshake, or ``None`` (Serve's proxy takes it)."""
         try:
             address = await asyncio.wait_for(self._choose(scope), CHOOSE_TIMEOUT_S)
+            return parse_address(address) if address else None
         except Exception as exc:  # noqa: BLE001 - a replica lost or starting: the proxy routes it
-            log.warning("handshake relayed through Serve's proxy", extra={"path": scope["path"], "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__})
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log_limited(
+                log,
+                logging.WARNING,
+                "ingress-choose",
+                "handshake relayed through Serve's proxy",
+                path=scope["path"],
+                error=why,
+            )
             return None
-        return parse_address(address) if address else None
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: a free port); returns the port."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Client(self), host, port, ssl=self._ssl, reuse_address=True)
+        self._server = await loop.create_server(
+            lambda: _Client(self), host, port, ssl=self._ssl, reuse_address=True
+        )
         return self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:

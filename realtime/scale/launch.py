@@ -186,7 +186,9 @@ def direct_chooser(app_name: str) -> Choose:
     return choose
 
 
-def start_ingress(config: DeployConfig, num_replicas: int, host: str, port: int, proxy_port: int) -> IngressThread:
+def start_ingress(
+    config: DeployConfig, num_replicas: int, host: str, port: int, proxy_port: int
+) -> IngressThread:
     """The ingress (``realtime.scale.ingress``) on ``host:port`` in front of Serve's proxy on
     ``proxy_port``, terminating TLS when ``server.ssl_certfile`` is set. Raises ``OSError`` when
     the address is taken."""

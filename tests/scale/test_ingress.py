@@ -147,7 +147,11 @@ def test_frame_boundaries_are_found_by_length_whatever_the_reads(size):
         frames.feed(stream[i : i + 1])
         boundaries.append(frames.lost_mid_session())
     # between frames, and only there: after the handshake's response, after each frame
-    assert [i for i, at in enumerate(boundaries) if at] == [len(response) - 1, len(stream) - 8, len(stream) - 1]
+    assert [i for i, at in enumerate(boundaries) if at] == [
+        len(response) - 1,
+        len(stream) - 8,
+        len(stream) - 1,
+    ]
     frames.feed(_frame(Opcode.CLOSE, Close(1000, "done").serialize()))
     assert frames.closed and not frames.lost_mid_session()
 
@@ -165,6 +169,11 @@ def test_only_a_get_with_a_websocket_upgrade_is_a_handshake():
     scope = handshake_scope(head)
     assert scope is not None and scope["path"] == "/v1/duplex" and scope["query_string"] == b"session_id=d-1"
     assert handshake_scope(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n") is None
-    assert handshake_scope(b"POST /v1/duplex HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\ncontent-length: 0\r\n\r\n") is None
+    assert (
+        handshake_scope(
+            b"POST /v1/duplex HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\ncontent-length: 0\r\n\r\n"
+        )
+        is None
+    )
     with pytest.raises(ValueError):
         handshake_scope(b"GET / HTTP/1.1\r\n\r\n")  # HTTP/1.1 without a host
