@@ -1,15 +1,18 @@
-"""``realtime bench scale``: robot sessions through Ray Serve's proxy vs direct to one server, and
-two replicas vs one at the same offered load, side by side in one run, on CPU replicas.
+"""``realtime bench scale``: robot sessions through the replicas' ingress (and Ray Serve's proxy) vs
+direct to one server, and two replicas vs one at the same offered load, side by side in one run,
+on CPU replicas.
 
 One local Ray instance (``realtime.scale.launch``: the same app ``realtime serve --replicas``
 runs, robot kind only) and one single-process ``realtime serve`` beside it, both on loopback;
 clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this process.
 
-(a) The proxy's cost: one robot, the trivial ``zeros`` policy (LIBERO observations), blocks of
-    requests alternating between the single server and the proxy with one replica.
-    ``proxy_added_p50_ms`` = proxy p50 round trip - direct p50 (goal <= 1.0).
+(a) The ingress's cost: one robot, the trivial ``zeros`` policy (LIBERO observations), blocks of
+    requests alternating between the single server and the ingress of ``realtime serve
+    --replicas`` (``realtime.scale.ingress``) with one replica; then the same against Serve's
+    HTTP proxy behind it. ``proxy_added_p50_ms`` = the ingress's p50 round trip - direct p50
+    (goal <= 1.0); ``serve_proxy_added_p50_ms`` the same through Serve's proxy.
 (b) Replicas: ``--clients`` robots (closed loop: each sends its next observation when its
-    actions arrive) with the embedded ``pi0-tiny`` policy for ``--seconds``, through the proxy with
+    actions arrive) with the embedded ``pi0-tiny`` policy for ``--seconds``, through the ingress with
     one replica, then two (the same app scaled up, the same clients and load), and direct to the
     single server for reference. ``throughput_ratio_2_vs_1`` = chunks/s with two / with one (goal
     >= 1.8 where each replica has its own cores or GPU: on a machine with fewer cores than
@@ -22,8 +25,8 @@ clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this 
 (c) Losing a replica: ``--clients`` robots, each naming its episode (openpi's ``session_id``
     observation key), and ``--voice-sessions`` voice sessions (the official ``openai`` SDK, each
     holding a user item), over two replicas; one replica's process is killed. A robot whose socket
-    closes (1012 from the proxy) reconnects at once and sends its next observation with the same
-    episode: the proxy places it on the live replica, which resumes the episode from its
+    closes (1012 from the ingress) reconnects at once and sends its next observation with the same
+    episode: the session router places it on the live replica, which resumes the episode from its
     checkpoint (the last chunk, for real-time chunking). A voice session's SDK reconnects by
     itself on the 1012, its ``on_reconnecting`` hook naming the session (``scale_voice.py``); the
     live replica restores it (same id, its item replayed), and the bench asks for a reply.
@@ -37,9 +40,9 @@ clients are the real ``openpi_client.WebsocketClientPolicy`` on threads of this 
 ``--cores LIST`` gives each replica cores of its own (``replicas.cpu_affinity``): replica ``r``
 pins itself to the ``r``-th block of ``--cpus-per-replica`` cores of ``LIST``, the single server
 of (a) and (b) runs on the first block (one replica's cores), and this process, its client
-threads and every other process of the Ray instance (Serve's proxy and controller, Ray's own) on
-the cores of ``LIST`` after the two blocks, or on all of ``LIST`` when none are left (then the
-load generator and the proxy share the replicas' cores, and the table says so). Give
+threads, the ingress and every other process of the Ray instance (Serve's proxy and controller,
+Ray's own) on the cores of ``LIST`` after the two blocks, or on all of ``LIST`` when none are left
+(then the load generator and the ingress share the replicas' cores, and the table says so). Give
 ``--threads`` the same number as ``--cpus-per-replica``.
 
 ``--device cuda`` gives each replica one GPU (``replicas.num_gpus: 1``; two GPUs for (b)) and the
@@ -118,7 +121,7 @@ def replica_config(policy: str, args: argparse.Namespace, voice: bool = False) -
 @dataclass(frozen=True)
 class CoreSplit:
     """``--cores``: the first replica's cores (the single server's too) and this process's (the
-    load generator, Serve's proxy, Ray's processes); ``shared`` when the list had no cores left
+    load generator, the ingress, Serve's proxy, Ray's processes); ``shared`` when the list had no cores left
     after two replicas' blocks, so ``rest`` is the whole list."""
 
     first: tuple[int, ...]
@@ -209,7 +212,7 @@ def _served_again(url: str, robot: Any, obs: dict, killed_at: float) -> tuple[fl
     try:
         robot.infer(obs)
         return None, True
-    except Exception:  # noqa: BLE001 - closed by the proxy (1012): its replica is gone
+    except Exception:  # noqa: BLE001 - closed by the ingress (1012): its replica is gone
         pass
     with contextlib.suppress(Exception):
         robot.close()
@@ -221,7 +224,7 @@ def _served_again(url: str, robot: Any, obs: dict, killed_at: float) -> tuple[fl
                 return time.monotonic() - killed_at, True
             finally:
                 again.close()
-        except Exception:  # noqa: BLE001 - the proxy still routes to the dead replica: retry
+        except Exception:  # noqa: BLE001 - the router still places it on the dead replica: retry
             time.sleep(0.05)
     return None, False
 

@@ -241,8 +241,18 @@ def serve_replicas(
     url = f"{scheme}://{host}:{ingress.port}"
     start_ray(config, num_replicas, ray_address)
     stop = threading.Event()
+
+    signalled: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        # A second signal may land while the first handler is inside stop.set(), holding the
+        # Event's lock (not reentrant): setting it again there would deadlock the main thread.
+        if not signalled:
+            signalled.append(signum)
+            stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     status = 0
     try:
         proxy_url = deploy(config, num_replicas, proxy_port)
@@ -258,7 +268,10 @@ def serve_replicas(
                     "ray_address": ray.get_runtime_context().gcs_address,  # for realtime drain
                 },
             )
-            stop.wait()
+            # Polled: a signal delivered to one of Ray's threads runs its handler only when the
+            # main thread next runs Python, which a wait without a timeout never does.
+            while not stop.wait(POLL_S):
+                pass
         elif failure != "stopped":
             print(f"realtime: model loading failed: {failure}", flush=True, file=sys.stderr)
             status = 1

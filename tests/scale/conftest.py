@@ -124,10 +124,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield Cluster(f"http://127.0.0.1:{port}", process, log)
     finally:
         if process.poll() is None:
+            # two signals at once, as from a supervisor that escalates: one drained stop, exit 0
             process.send_signal(signal.SIGTERM)
+            process.send_signal(signal.SIGINT)
             try:
                 process.wait(60)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
+                raise AssertionError(
+                    f"realtime serve --replicas did not stop on its signals:\n{_tail(log, 20)}"
+                ) from None
+            assert process.returncode == 0 and "msg=stopped" in log.read_text(errors="replace"), _tail(
+                log, 20
+            )
