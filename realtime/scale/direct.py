@@ -40,6 +40,12 @@ class DirectServer:
             self._started = asyncio.ensure_future(self._start())
         return await asyncio.shield(self._started)
 
+    @property
+    def started_address(self) -> str | None:
+        """``host:port`` once the server listens, else ``None``."""
+        done = self._started is not None and self._started.done() and not self._started.cancelled()
+        return self._started.result() if done and self._started.exception() is None else None
+
     async def _start(self) -> str:
         sock = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET, socket.SOCK_STREAM)
         sock.bind((self._host, 0))

@@ -147,7 +147,7 @@ class RealtimeReplica:
 
     def _gather(self, peers: Peers):
         async def gather(with_metrics: bool) -> list[Snapshot]:
-            return await peers.gather(snapshot(self._state(), self.tag, with_metrics), with_metrics)
+            return await peers.gather(self._snapshot(with_metrics), with_metrics)
 
         return gather
 
@@ -175,7 +175,11 @@ class RealtimeReplica:
         """A peer's question; ``None`` when the router could not bring it to replica ``tag``."""
         if tag != self.tag or self._app is None:
             return None
-        return snapshot(self._state(), self.tag, with_metrics)
+        return self._snapshot(with_metrics)
+
+    def _snapshot(self, with_metrics: bool) -> Snapshot:
+        address = self._direct.started_address if self._direct is not None else None
+        return snapshot(self._state(), self.tag, with_metrics, address)
 
     async def drain(self, tag: str) -> dict[str, int] | None:
         """Close every websocket of this replica with 1001 ``server shutting down`` within

@@ -68,11 +68,13 @@ def report(state: Any, tag: str, routes: Routes) -> ReplicaReport:
     return ReplicaReport(tag, time.time(), state.ready and not state.draining, kinds, routes)
 
 
-def snapshot(state: Any, tag: str, with_metrics: bool) -> Snapshot:
-    """What this replica tells the cluster views (module docstring)."""
+def snapshot(state: Any, tag: str, with_metrics: bool, address: str | None = None) -> Snapshot:
+    """What this replica tells the cluster views (module docstring); ``address``: its own server's,
+    where the ingress relays websockets (``None`` until the first)."""
     return {
         "replica": tag,
         "reachable": True,
+        "address": address,
         "node": socket.gethostname(),
         "pid": os.getpid(),
         "ready": state.ready,
@@ -202,6 +204,7 @@ def cluster_status(snapshots: Iterable[Snapshot], configured: Iterable[str]) -> 
             **(
                 {
                     "node": s["node"],
+                    "address": s.get("address"),
                     "pid": s["pid"],
                     "ready": s["ready"],
                     "draining": s["draining"],

@@ -102,6 +102,10 @@ async def test_unmodified_clients_of_every_kind_spread_across_both_replicas(clus
             assert created["type"] == "session.created"
         occupied = {kind: cluster.occupied(kind) for kind in KINDS}
         assert all(sorted(per_replica.values()) == [1, 1] for per_replica in occupied.values()), occupied
+        # each websocket went through the ingress to its replica's own server, not Serve's proxy
+        replicas = cluster.status()["replicas"]
+        assert all(r["address"] for r in replicas), replicas
+        assert "relayed through Serve's proxy" not in cluster.log.read_text(errors="replace")
     cluster.wait_for(lambda: no_duplex_sessions(cluster), 30, "duplex sessions released after their grace")
 
 
