@@ -14,8 +14,9 @@ server's address instead and relays bytes. Per TCP connection it reads the first
   connection is relayed byte for byte to that server for its whole life: no Ray call per message;
 - **everything else** (HTTP: probes, the cluster views, per-session HTTP routes, WebRTC calls),
   and a handshake the router could not place on a replica's own server (the call failed or timed
-  out after :data:`CHOOSE_TIMEOUT_S`, the address refused the connection), is relayed to Serve's
-  HTTP proxy, which routes it per request as before.
+  out after :data:`CHOOSE_TIMEOUT_S`, the address refused the connection or did not take it within
+  :data:`CONNECT_TIMEOUT_S`), is relayed to Serve's HTTP proxy, which routes it per request as
+  before.
 
 A relayed websocket whose replica went away without a close frame (its process died) gets close
 1012 "service restart" (:data:`~realtime.scale.proxy.LOST_REASON`) from the ingress, as from
@@ -52,6 +53,7 @@ log = logging.getLogger("realtime.scale.ingress")
 HEAD_LIMIT_BYTES = 16 * 1024
 HEAD_TIMEOUT_S = 10.0  # as the single server's first-request deadline
 CHOOSE_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
 WRITE_HIGH_WATER_BYTES = 1 << 20
 
 Address = tuple[str, int]
@@ -260,8 +262,9 @@ class _Client(asyncio.Protocol):
     async def _connect(self, address: Address, frames: FrameBoundary | None) -> _Upstream | None:
         loop = asyncio.get_running_loop()
         try:
-            _, upstream = await loop.create_connection(lambda: _Upstream(self, frames), *address)
-        except OSError as exc:  # a replica just lost: the caller tries Serve's proxy
+            connecting = loop.create_connection(lambda: _Upstream(self, frames), *address)
+            _, upstream = await asyncio.wait_for(connecting, CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError) as exc:  # a replica just lost: the caller tries Serve's proxy
             where = f"{address[0]}:{address[1]}"
             log_limited(
                 log,
