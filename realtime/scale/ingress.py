@@ -60,6 +60,15 @@ Address = tuple[str, int]
 Choose = Callable[[dict[str, Any]], Awaitable[str | None]]
 
 
+def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext | None:
+    """The server-side TLS context of ``server.ssl_certfile`` / ``ssl_keyfile`` (``None``: plain)."""
+    if not certfile:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certfile, keyfile)
+    return context
+
+
 def parse_address(text: str) -> Address:
     """``host:port`` or ``[v6]:port`` as a (host, port) pair."""
     host, _, port = text.rpartition(":")

@@ -29,7 +29,6 @@ import math
 import os
 import signal
 import socket
-import ssl
 import sys
 import threading
 import time
@@ -44,7 +43,7 @@ from ray.serve.config import HTTPOptions, RequestRouterConfig
 from realtime.config import ConfigError, DeployConfig
 from realtime.scale.affinity import named_session
 from realtime.scale.checkpoints import remove_store
-from realtime.scale.ingress import Choose, Ingress, IngressThread
+from realtime.scale.ingress import Choose, Ingress, IngressThread, tls_context
 from realtime.scale.replica import DEPLOYMENT, Peers, RealtimeReplica
 from realtime.scale.router import SessionRouter
 from realtime.server import PROBE_RESERVE
@@ -193,15 +192,11 @@ def start_ingress(
     ``proxy_port``, terminating TLS when ``server.ssl_certfile`` is set. Raises ``OSError`` when
     the address is taken."""
     server = config.server
-    context = None
-    if server.ssl_certfile:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(server.ssl_certfile, server.ssl_keyfile)
     ingress = Ingress(
         direct_chooser(config.replicas.app_name),
         (PROXY_HOST, proxy_port),
         max_connections=num_replicas * server.max_connections + PROBE_RESERVE,
-        ssl_context=context,
+        ssl_context=tls_context(server.ssl_certfile, server.ssl_keyfile),
     )
     return IngressThread(ingress, host, port)
 

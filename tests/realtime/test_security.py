@@ -99,7 +99,8 @@ async def test_probes_need_no_key_and_refuse_upgrades(served):
             assert await _handshake(served.replace("http://", "ws://") + path, {}, None) == 404
 
 
-def _self_signed(tmp_path) -> tuple[str, str]:
+def self_signed(tmp_path) -> tuple[str, str]:
+    """A certificate for ``localhost`` and its key, as PEM files in ``tmp_path``: (cert, key)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -130,7 +131,7 @@ def _self_signed(tmp_path) -> tuple[str, str]:
 
 
 async def test_tls_through_uvicorns_ssl_options_and_https_origins(tmp_path):
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     config = config_from_mapping(
         {
             "server": {"ssl_certfile": cert, "ssl_keyfile": key},

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from http import HTTPStatus
 
 import httpx
@@ -16,8 +17,16 @@ from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Close, Frame, Opcode
 
-from realtime.scale.ingress import HEAD_LIMIT_BYTES, FrameBoundary, Ingress, close_frame, handshake_scope
+from realtime.scale.ingress import (
+    HEAD_LIMIT_BYTES,
+    FrameBoundary,
+    Ingress,
+    close_frame,
+    handshake_scope,
+    tls_context,
+)
 from realtime.scale.proxy import LOST_CODE, LOST_REASON
+from tests.realtime.test_security import self_signed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,7 +55,7 @@ def _upstream(name: str):
 
 
 @contextlib.asynccontextmanager
-async def _ingress(choose=None, max_connections: int = 8):
+async def _ingress(choose=None, max_connections: int = 8, tls: ssl.SSLContext | None = None):
     async with _upstream("replica") as replica, _upstream("proxy") as proxy:
         replica_port = replica.sockets[0].getsockname()[1]
         asked: list[dict] = []
@@ -59,6 +68,7 @@ async def _ingress(choose=None, max_connections: int = 8):
             choose or to_replica,
             ("127.0.0.1", proxy.sockets[0].getsockname()[1]),
             max_connections=max_connections,
+            ssl_context=tls,
         )
         port = await ingress.start("127.0.0.1", 0)
         try:
@@ -76,6 +86,19 @@ async def test_a_websocket_is_relayed_to_the_replica_the_router_chose_with_what_
     assert scope["type"] == "websocket" and scope["path"] == "/v1/realtime"
     assert scope["query_string"] == b"session_id=abc"
     assert (b"upgrade", b"websocket") in scope["headers"]
+
+
+async def test_tls_ends_at_the_ingress(tmp_path):
+    cert, key = self_signed(tmp_path)
+    trust = ssl.create_default_context(cafile=cert)
+    async with _ingress(tls=tls_context(cert, key)) as (address, _):
+        port = address.rsplit(":", 1)[1]
+        async with connect(f"wss://localhost:{port}/v1/realtime", ssl=trust) as ws:
+            await ws.send("over tls")
+            assert await ws.recv() == "replica:over tls"
+        async with httpx.AsyncClient(verify=trust) as client:
+            assert (await client.get(f"https://localhost:{port}/readyz")).text == "proxy\n"
+    assert tls_context("", "") is None
 
 
 async def test_http_goes_to_serves_proxy_and_so_does_a_websocket_the_router_cannot_place():
