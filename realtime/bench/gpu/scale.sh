@@ -2,7 +2,7 @@
 # Issue 28's throughput_ratio_2_vs_1 where each replica has cores of its own (no GPU needed):
 # `realtime bench scale --cores` pins replica r to the r-th block of PER_REPLICA cores of CORES
 # (one torch thread per core), runs the single server on the first block, and itself, its robot
-# clients, Serve's proxy and Ray's other processes on the cores after the two blocks. The whole
+# clients, the ingress, Serve's proxy and Ray's other processes on the cores after the two blocks. The whole
 # script stays on CORES, so a GPU job may use the others. About 2 minutes.
 # CORES: default 12-15 (replicas on 12 and 13, the rest on 14-15); PER_REPLICA: default 1;
 # CLIENTS: the robots of (b) and (c), default 16 (two full batches: bench scale's docstring says why).
