@@ -401,7 +401,11 @@ class IngressThread:
             self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="realtime-ingress", daemon=True)
         self._thread.start()
-        self.port = self.call(ingress.start(host, port))  # raises OSError when the port is taken
+        try:
+            self.port = self.call(ingress.start(host, port))
+        except OSError:  # the address is taken: no thread left behind
+            self._end_loop()
+            raise
 
     def call(self, coro: Awaitable[Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -409,5 +413,10 @@ class IngressThread:
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self.call(asyncio.wait_for(self.ingress.close(), 5.0))
+        self._end_loop()
+
+    def _end_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5.0)
+        if not self._loop.is_running():
+            self._loop.close()

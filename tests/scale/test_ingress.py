@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
+import threading
 from http import HTTPStatus
 
 import httpx
@@ -21,6 +23,7 @@ from realtime.scale.ingress import (
     HEAD_LIMIT_BYTES,
     FrameBoundary,
     Ingress,
+    IngressThread,
     close_frame,
     handshake_scope,
     tls_context,
@@ -200,3 +203,22 @@ def test_only_a_get_with_a_websocket_upgrade_is_a_handshake():
     )
     with pytest.raises(ValueError):
         handshake_scope(b"GET / HTTP/1.1\r\n\r\n")  # HTTP/1.1 without a host
+
+
+def test_an_ingress_on_a_taken_address_raises_and_leaves_no_thread():
+    async def choose(scope):
+        return None
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        before = threading.active_count()
+        with pytest.raises(OSError):
+            IngressThread(
+                Ingress(choose, ("127.0.0.1", 1), max_connections=1), "127.0.0.1", taken.getsockname()[1]
+            )
+        assert threading.active_count() == before
+    ingress = IngressThread(Ingress(choose, ("127.0.0.1", 1), max_connections=1), "127.0.0.1", 0)
+    assert ingress.port > 0
+    ingress.stop()
+    assert threading.active_count() == before
