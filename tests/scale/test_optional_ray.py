@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 
@@ -63,6 +64,19 @@ def test_a_shared_gpu_without_a_memory_share_is_a_config_error_before_ray_starts
     )
     assert done.returncode == 2, done.stderr
     assert "field 'replicas.num_gpus'" in done.stderr and "runtime.memory_available_bytes" in done.stderr
+
+
+@needs_ray
+def test_a_taken_address_is_refused_before_ray_starts():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["serve", "--replicas", "2", "--host", "127.0.0.1", "--port", str(port)]
+        done = _python(f"from realtime.cli import main\nimport sys\nsys.exit(main({args!r}))")
+    assert done.returncode == 2, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
+    assert "Started a local Ray instance" not in done.stderr + done.stdout
 
 
 @needs_ray
