@@ -37,6 +37,7 @@ import contextlib
 import io
 import multiprocessing
 import multiprocessing.connection
+import os
 import pickle
 import signal
 import threading
@@ -217,9 +218,11 @@ class ProcessPolicy:
             multiprocessing.connection.wait([self.process.sentinel])
             if self._closing:
                 return
-            # The sentinel fires as the dying child closes its files, a moment before it can be
-            # reaped; until then is_alive() still says True and check() would find it alive.
-            self.process.join()
+            # The sentinel fires as the dying child closes its files, a moment before it exits;
+            # until then is_alive() still says True and check() would find it alive. Wait for the
+            # exit without reaping it (WNOWAIT): the threads that read its exit code reap it.
+            with contextlib.suppress(ChildProcessError):  # already reaped
+                os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOWAIT)
             with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
                 loop.call_soon_threadsafe(post)
 

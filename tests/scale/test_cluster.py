@@ -24,6 +24,7 @@ from clients.world_client import WorldClient
 from realtime.bench import examples
 from realtime.scale.proxy import LOST_CODE, LOST_REASON
 from sessions.identities import session_replica_tag
+from tests.scale.conftest import CONFIG
 
 pytestmark = pytest.mark.timeout(600)
 KINDS = ("robot", "world", "voice", "duplex")
@@ -146,6 +147,9 @@ async def test_an_in_band_resume_on_the_wrong_replica_names_the_fix(cluster):
 
 
 async def test_a_full_replica_sends_new_sessions_to_the_other_and_a_full_cluster_says_so(cluster):
+    # /v1/status asks the replicas now; the routers' reports lag by up to two stats periods, and a
+    # report still holding an earlier test's sessions would make a free replica look full
+    await asyncio.sleep(2 * CONFIG["replicas"]["stats_period_s"])
     async with contextlib.AsyncExitStack() as stack:
         ws, first = await duplex(cluster)
         stack.push_async_callback(ws.close)
