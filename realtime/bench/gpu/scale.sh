@@ -5,7 +5,9 @@
 # clients, the ingress, Serve's proxy and Ray's other processes on the cores after the two blocks. The whole
 # script stays on CORES, so a GPU job may use the others. About 2 minutes.
 # CORES: default 12-15 (replicas on 12 and 13, the rest on 14-15); PER_REPLICA: default 1;
-# CLIENTS: the robots of (b) and (c), default 16 (two full batches: bench scale's docstring says why).
+# THREADS: torch threads per server and replica, default PER_REPLICA (with voice sessions beside
+# the robots, 1: the policy's process and the voice stages each on a core, no OpenMP threads
+# spinning against each other); CLIENTS: the robots of (b) and (c), default 16 (two full batches: bench scale's docstring says why).
 # Needs Ray Serve (ray[serve]==2.60.0), which the device machine lacks and whose wheel (79 MB) is
 # over what one call carries: ray_bundle.sh (its header gives the two calls) builds a bundle of it
 # whose part 1 a first call copies to /tmp/raypart/; here the parts (the rest in .rayb/, if any)
@@ -47,11 +49,12 @@ if [ -e /tmp/site-voice/.installed ]; then
 fi
 CORES="${CORES:-12-15}"
 PER_REPLICA="${PER_REPLICA:-1}"
+THREADS="${THREADS:-$PER_REPLICA}"
 CLIENTS="${CLIENTS:-16}"
 if ! err="$(python3 -c "import ray.serve" 2>&1)"; then
     echo "scale.sh: Ray Serve is not installed (pip install -e '.[ray]'; on the device: ray_bundle.sh): ${err##*$'\n'}; nothing to run"
     exit 0
 fi
 taskset -cp "$CORES" $$ >/dev/null || exit 1
-bench scale --seconds 10 --cores "$CORES" --cpus-per-replica "$PER_REPLICA" --threads "$PER_REPLICA" \
+bench scale --seconds 10 --cores "$CORES" --cpus-per-replica "$PER_REPLICA" --threads "$THREADS" \
     --clients "$CLIENTS" 2>&1 | tee "$OUT/scale.txt"
