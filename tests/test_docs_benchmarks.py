@@ -151,7 +151,7 @@ def test_every_bench_line_of_the_gpu_scripts_runs_as_written(script):
         if line.strip().startswith("bench ")  # at any indent: a loop's body too
     ]
     # every script runs benches, but env.sh and vllm_env.sh (sourced by them), ray_bundle.sh,
-    # vllm_bundle.sh, whisper_tokenizer_wheel.sh, device_wheels.sh and their bundle_lib.sh (build
+    # vllm_bundle.sh, voice_bundle.sh, whisper_tokenizer_wheel.sh, device_wheels.sh and their bundle_lib.sh (build
     # what the device calls carry, on the dev machine)
     # and training runs of a model module
     helpers = (
@@ -159,6 +159,7 @@ def test_every_bench_line_of_the_gpu_scripts_runs_as_written(script):
         "vllm_env.sh",
         "ray_bundle.sh",
         "vllm_bundle.sh",
+        "voice_bundle.sh",
         "bundle_lib.sh",
         "whisper_tokenizer_wheel.sh",
         "device_wheels.sh",
