@@ -1,6 +1,7 @@
 """The optional Hopper attention kernels (FlashAttention-4, FlashAttention-3's forward): which
 package each needs, the dtypes it takes, how to install it, and whether it can run here. The
-world DiT (``models.world.attention``) and pi0 (``models.policy.pi0``) choose among them."""
+world DiT (``models.world.attention``) chooses among them; pi0's attention takes neither
+(FlashAttention-3 was withdrawn from it, docs/models.md)."""
 
 from __future__ import annotations
 

@@ -161,8 +161,8 @@ class RobotConfig:
     cuda_graphs: bool = True
     compile: bool | Literal["auto"] = "auto"  # torch.compile pi0's layers; auto: on CUDA devices
     # pi0's attention kernel (models.policy.pi0.Pi0.attention_kernel); auto: FlashAttention-2's
-    # in half precision on a GPU, else SDPA; flash3 (Hopper, the flash3 extra) is opt-in until measured
-    attention: Literal["auto", "flash3", "flash2", "sdpa"] = "auto"
+    # in half precision on a GPU, else SDPA (flash3 was withdrawn: it failed its GPU equivalence test)
+    attention: Literal["auto", "flash2", "sdpa"] = "auto"
     # The policy built, warmed up and run in a child process (its forward out of reach of the event
     # loop's GIL bursts); auto: for model policies on the CPU (a thread on CUDA and for zeros)
     process: bool | Literal["auto"] = "auto"

@@ -25,8 +25,8 @@ layer reads that layer's prefix K/V plus its own (joint attention, openpi's "cau
     -> final (ada)RMSNorm -> ``action_out_proj`` -> velocity v = noise - action (float32).
 Attention reads per-layer K/V buffers laid out ``[actions | state | prefix]``, the prefix packed
 valid tokens first, so each row's keys are one contiguous run (:class:`KeySpan`): on a GPU in half
-precision a FlashAttention variable-length kernel reads them with no mask (:func:`attend`:
-FlashAttention-2's in torch, or FlashAttention-3's on Hopper with the ``flash3`` extra).
+precision FlashAttention-2's variable-length kernel in torch reads them with no mask
+(:func:`attend`).
 Flow matching: x_1 = noise, then 10 Euler steps ``x += dt * v(x, t)``, dt = -0.1, t from 1
 accumulated in float32 as openpi does. The time embedding is openpi's sine-cosine one (periods
 4e-3 to 4, computed in float64).
@@ -43,7 +43,6 @@ embedded default policy. Checkpoints in openpi's and LeRobot's layouts load thro
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,13 +51,12 @@ from typing import Literal, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
-from models.attention_kernels import kernel_usable
 from models.policy.rtc import guided_velocity
 
-Attention = Literal["flash3", "flash2", "sdpa"]
-ATTENTION_CHOICES = ("auto", "flash3", "flash2", "sdpa")
+Attention = Literal["flash2", "sdpa"]
+ATTENTION_CHOICES = ("auto", "flash2", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -191,77 +189,16 @@ class KeySpan(NamedTuple):
         return cls(offset, lengths.to(torch.int32), rows * queries, rows * buffer_rows + offset, kernel)
 
 
-@torch.library.custom_op("realtime_policy::flash3_varlen", mutates_args=(), device_types="cuda")
-def flash3_varlen(
-    q: Tensor,
-    keys: Tensor,
-    values: Tensor,
-    query_starts: Tensor,
-    key_starts: Tensor,
-    lengths: Tensor,
-    max_queries: int,
-    max_keys: int,
-) -> Tensor:
-    """FlashAttention-3's variable-length forward (the ``fa3-fwd`` wheel) over flattened rows, with
-    its own choice of key splits and of packing the query heads of a K/V head into one tile
-    (``num_splits=0``, ``pack_gqa=None``: an action step's 8 x 50 queries over one K/V head are
-    8 CTAs unsplit, too few for the GPU). A custom op: the compiled layers call it as one opaque
-    kernel (FA3's own op refuses its heuristics under tracing)."""
-    from fa3_fwd_interface import flash_attn_varlen_func
-
-    return flash_attn_varlen_func(
-        q, keys, values, query_starts, key_starts, max_queries, max_keys, seqused_k=lengths, num_splits=0
-    )
-
-
-@flash3_varlen.register_fake
-def _flash3_varlen_shape(q: Tensor, *args, **kwargs) -> Tensor:  # noqa: ANN002, ANN003
-    return torch.empty_like(q)
-
-
-@functools.cache
-def flash3_runs(device: torch.device) -> bool:
-    """Whether FlashAttention-3's variable-length kernel is installed for ``device`` and a small
-    call at pi0's head shape (8 query heads of 256 over one K/V head, a row's keys cut short by
-    its length) runs and matches SDPA (its library must load against this torch)."""
-    if not kernel_usable("flash3", device, torch.bfloat16):
-        return False
-    try:
-        gen = torch.Generator(device=device).manual_seed(0)
-        q = torch.randn(4, 8, 256, device=device, dtype=torch.bfloat16, generator=gen)
-        kv = torch.randn(2, 6, 1, 256, device=device, dtype=torch.bfloat16, generator=gen)
-        starts = torch.tensor([0, 4], dtype=torch.int32, device=device)
-        got = flash3_varlen(q, kv[0], kv[1], starts, starts.new_tensor([0, 6]), starts.new_tensor([3]), 4, 6)
-        want = F.scaled_dot_product_attention(
-            q.transpose(0, 1), kv[0, :3].transpose(0, 1), kv[1, :3].transpose(0, 1), enable_gqa=True
-        ).transpose(0, 1)
-        return bool((got.float() - want.float()).abs().max() <= 2e-2)
-    except Exception:  # noqa: BLE001 - any failure means: FlashAttention-2's kernel instead
-        return False
-
-
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, span: KeySpan) -> torch.Tensor:
     """``q [B, T, heads, head_dim]`` over the buffers ``keys``/``values`` ``[B, L, kv_heads,
     head_dim]``, each row's queries over its keys of ``span``; returns ``[B, T, heads * head_dim]``.
 
-    A FlashAttention variable-length kernel (``span.kernel``: FlashAttention-3's or -2's) reads
-    each row's run of keys as they lie (no mask, no copy: a masked call costs about twice as much
-    at pi0's sizes, docs/benchmarks-log.md "pi0's attention kernels"). Where none runs (``sdpa``:
+    FlashAttention-2's variable-length kernel (``span.kernel`` ``flash2``) reads each row's run
+    of keys as they lie (no mask, no copy: a masked call costs about twice as much at pi0's
+    sizes, docs/benchmarks-log.md "pi0's attention kernels"). Where it does not run (``sdpa``:
     CPU, float32; or under autograd, RTC's guided steps) SDPA reads the same keys under a key mask."""
     B, T, nh, hd = q.shape
     L, nkv = keys.shape[1], keys.shape[2]
-    if span.kernel == "flash3" and not torch.is_grad_enabled():
-        y = flash3_varlen(
-            q.reshape(B * T, nh, hd),
-            keys.view(B * L, nkv, hd),
-            values.view(B * L, nkv, hd),
-            span.query_starts,
-            span.key_starts,
-            span.lengths,
-            T,
-            L - span.offset,
-        )
-        return y.view(B, T, nh * hd)
     if span.kernel == "flash2" and not torch.is_grad_enabled():
         y = torch.ops.aten._flash_attention_forward(
             q.reshape(B * T, nh, hd),
@@ -450,21 +387,14 @@ class Pi0(nn.Module):
     def attention_kernel(self) -> Attention:
         """The kernel :func:`attend` runs for ``attention``. ``auto``: ``flash2`` (FlashAttention-2's,
         in torch) for half precision on a GPU that has it (sm80+, head dim <= 256), else ``sdpa``.
-        ``flash3`` (FlashAttention-3's, Hopper, bf16, the ``flash3`` extra) is named, not chosen by
-        ``auto``: it has not yet been timed against ``flash2`` at pi0's shapes on a GPU. A kernel
-        named where it cannot run raises ``ValueError`` saying why (``Pi0Policy`` asks at load)."""
+        FlashAttention-3's (``flash3``) was withdrawn: it failed its GPU equivalence test against
+        the masked kernel (docs/models.md). A kernel named where it cannot run raises
+        ``ValueError`` saying why (``Pi0Policy`` asks at load)."""
         if self.attention not in ATTENTION_CHOICES:
             raise ValueError(f"pi0 attention must be one of {ATTENTION_CHOICES}, not {self.attention!r}")
         w = self.token_embedding.weight
         if self.attention == "sdpa":
             return "sdpa"
-        if self.attention == "flash3":
-            if not (w.is_cuda and w.dtype == torch.bfloat16 and flash3_runs(w.device)):
-                raise ValueError(
-                    "attention kernel flash3 needs a Hopper (sm90) CUDA device, bfloat16, and the flash3 "
-                    "extra (pip install 'realtime-sessions[flash3]') whose kernel runs here"
-                )
-            return "flash3"
         flash2 = (
             w.is_cuda
             and w.dtype in (torch.float16, torch.bfloat16)

@@ -467,9 +467,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", action="store_true", help="(f): kernel time by kind per batch size")
     parser.add_argument(
         "--attention",
-        choices=["auto", "flash3", "flash2", "sdpa"],
+        choices=["auto", "flash2", "sdpa"],
         default="auto",
-        help="robot.attention for both servers and (f)'s served policy (flash3: Hopper, the flash3 extra)",
+        help="robot.attention for both servers and (f)'s served policy",
     )
     parser.add_argument(
         "--compile",

@@ -7,11 +7,9 @@ replays its forward on LIBERO observations at each batch size of ``--forward-bat
 CUDA events (median of ``reps`` replays after warm-up). Three policies are built in the same
 process, so their ratios compare like with like on one device: uncompiled, compiled with the
 masked SDPA attention kernel (``Pi0.attention = "sdpa"``, the model before its keys were packed)
-and compiled as served (``robot.attention``: a FlashAttention variable-length kernel over packed
-keys where one runs); where FlashAttention-3's kernel runs (Hopper, the ``flash3`` extra), a
-fourth, compiled with whichever of FA2 and FA3 is not served, times what FA3 gains. MFU is the forward's
-FLOPs (``torch.utils.flop_counter`` over one eager forward: the matmuls and attention) per second
-over the dense bf16 peak (``--peak-tflops``).
+and compiled as served (``robot.attention``: FlashAttention-2's variable-length kernel over
+packed keys where it runs). MFU is the forward's FLOPs (``torch.utils.flop_counter`` over one
+eager forward: the matmuls and attention) per second over the dense bf16 peak (``--peak-tflops``).
 
 ``--profile`` adds, per batch size and setting, the CUDA kernels of one forward without graphs
 grouped by kind (GEMM, attention, normalisation, elementwise, copies), the split that says
@@ -19,9 +17,7 @@ where a forward's time goes.
 
 JSON keys: ``forward_ms_N`` (compiled: the served default on CUDA), ``forward_ms_N_eager``,
 ``forward_ms_N_masked``, ``compile_speedup_N`` (uncompiled / served), ``packed_speedup_N``
-(masked / served), ``tflop_N``, ``mfu_N`` (of the served forward); where FA3 runs,
-``forward_ms_N_flash2`` or ``forward_ms_N_flash3`` (the one not served) and ``flash3_speedup_N``
-(FA2's time / FA3's).
+(masked / served), ``tflop_N``, ``mfu_N`` (of the served forward).
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ from typing import Any
 
 import torch
 
-from models.policy.pi0 import flash3_runs
 from realtime.bench import examples
 
 
@@ -122,16 +117,10 @@ def forward_section(
         "compiled": _policy(config, True, max(batches)),
     }
     served = policies["compiled"].model.attention_kernel()
-    other = "flash2" if served == "flash3" else "flash3"
-    if served in ("flash2", "flash3") and flash3_runs(torch.device("cuda")):
-        policies[other] = _policy(config, True, max(batches), attention=other)
     print(
         f"(f) {config.policy} forward alone, CUDA graphs, LIBERO; median of {reps} replays; served kernel {served}"
     )
-    print(
-        "  batch | uncompiled ms | compiled, masked ms | compiled ms | speedups | TFLOP | MFU (compiled)"
-        + (f" | compiled, {other} ms" if other in policies else "")
-    )
+    print("  batch | uncompiled ms | compiled, masked ms | compiled ms | speedups | TFLOP | MFU (compiled)")
     for n in batches:
         ms = {}
         for name, policy in policies.items():
@@ -143,7 +132,6 @@ def forward_section(
         print(
             f"  {n:5d} | {ms['eager']:13.2f} | {ms['masked']:18.2f} | {ms['compiled']:11.2f} "
             f"| {speedups[0]:.2f}, {speedups[1]:.2f} | {flops / 1e12:5.2f} | {mfu:.3f}"
-            + (f" | {ms[other]:.2f}" if other in ms else "")
         )
         results[f"forward_ms_{n}"] = round(ms["compiled"], 2)
         results[f"forward_ms_{n}_eager"] = round(ms["eager"], 2)
@@ -152,10 +140,6 @@ def forward_section(
         results[f"packed_speedup_{n}"] = round(speedups[1], 3)
         results[f"tflop_{n}"] = round(flops / 1e12, 3)
         results[f"mfu_{n}"] = round(mfu, 3)
-        if other in ms:
-            results[f"forward_ms_{n}_{other}"] = round(ms[other], 2)
-            fa2, fa3 = (ms["compiled"], ms[other]) if other == "flash3" else (ms[other], ms["compiled"])
-            results[f"flash3_speedup_{n}"] = round(fa2 / fa3, 3)
         for name, policy in policies.items() if profile_kernels else ():
             split = kernel_split(policy, _args(policy, n))
             print(f"    {name}: kernels of one forward without graphs, batch {n} (kind: count, ms): {split}")

@@ -26,6 +26,8 @@ def test_embedded_default_loads_and_is_packaged():
         ("server:\n  shutdown_timeout_s: -1\n", "server.shutdown_timeout_s", "must be a finite number > 0"),
         ("server:\n  log_format: xml\n", "server.log_format", "must be one of"),
         ("robot:\n  enabled: 'yes'\n", "robot.enabled", "expected true or false"),
+        # FlashAttention-3 was withdrawn from the robot policy (docs/models.md); the world keeps it
+        ("robot:\n  attention: flash3\n", "robot.attention", "must be one of 'auto', 'flash2', 'sdpa'"),
         ("server: 3\n", "server", "must be a mapping"),
         ("- a\n- b\n", "<root>", "must be a mapping"),
     ],

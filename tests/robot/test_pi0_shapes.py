@@ -60,9 +60,15 @@ def test_a_batch_carries_the_narrowest_prompt_width_that_holds_its_longest_promp
 
 def test_the_attention_kernel_on_the_cpu_is_sdpa_and_a_named_flash_kernel_fails_the_load():
     assert Pi0Policy(SMALL_VISION, preset="libero").model.attention_kernel() == "sdpa"
-    for kernel in ("flash3", "flash2"):
-        with pytest.raises(ValueError, match=f"attention kernel {kernel} needs"):
-            Pi0Policy(SMALL_VISION, preset="libero", attention=kernel)
+    with pytest.raises(ValueError, match="attention kernel flash2 needs"):
+        Pi0Policy(SMALL_VISION, preset="libero", attention="flash2")
+
+
+def test_flash3_is_no_robot_attention_kernel():
+    """FlashAttention-3 was withdrawn from pi0 (it failed its GPU equivalence test against the
+    masked kernel, docs/models.md): naming it fails the load, listing the kernels there are."""
+    with pytest.raises(ValueError, match=r"must be one of \('auto', 'flash2', 'sdpa'\), not 'flash3'"):
+        Pi0Policy(SMALL_VISION, preset="libero", attention="flash3")
 
 
 def test_buckets_are_powers_of_two_up_to_max_batch():
@@ -114,20 +120,18 @@ def test_compiled_layers_under_cuda_graphs_equal_the_eager_forward(pi05):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi0.5"])
-@pytest.mark.parametrize("attention", ["flash3", "flash2"])
-def test_flash_attention_over_packed_keys_equals_the_masked_kernel(pi05, attention):
-    """In bf16 on a GPU the layers take a FlashAttention variable-length kernel over each row's
-    run of keys (no mask): FlashAttention-3's (on Hopper, the ``flash3`` extra) and -2's each
-    give the masked SDPA kernel's chunks, eagerly and compiled under CUDA graphs, for rows with a
-    camera missing and prompts of every length."""
+def test_flash_attention_over_packed_keys_equals_the_masked_kernel(pi05):
+    """In bf16 on a GPU the layers take FlashAttention-2's variable-length kernel over each row's
+    run of keys (no mask), which gives the masked SDPA kernel's chunks, eagerly and compiled
+    under CUDA graphs, for rows with a camera missing and prompts of every length."""
     config = replace(PI0_TINY, pi05=pi05, dtype="bfloat16")
     try:
-        compiled = Pi0Policy(config, preset="libero", device="cuda", compile=True, attention=attention)
-    except ValueError as exc:  # flash3 off Hopper or without the extra
+        compiled = Pi0Policy(config, preset="libero", device="cuda", compile=True, attention="flash2")
+    except ValueError as exc:  # flash2 on a GPU older than sm80
         pytest.skip(str(exc))
-    eager = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False, attention=attention)
+    eager = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False, attention="flash2")
     masked = Pi0Policy(config, preset="libero", device="cuda", cuda_graphs=False, attention="sdpa")
-    assert eager.model.attention_kernel() == attention and masked.model.attention_kernel() == "sdpa"
+    assert eager.model.attention_kernel() == "flash2" and masked.model.attention_kernel() == "sdpa"
     compiled.warmup(8)
     observations = [examples.libero(seed=s) for s in range(3)]
     observations[1] = {**observations[1], "prompt": "pick " * 40}  # cut at the prompt length
