@@ -12,16 +12,8 @@ cd "$(dirname "$0")/../../.."
 source realtime/bench/gpu/bundle_lib.sh
 bundle_workdir device_wheels
 
-download() {  # download DEST NAME==VERSION...: CPython 3.12 manylinux wheels, no dependencies
-    local dest="$1"
-    shift
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
-        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$dest" "$@"
-}
-
 rm -rf .whl .whlb
-download .whl starlette==1.10.0 uvicorn==0.55.0 websockets==16.1.1 uvloop==0.23.0 httptools==0.9.0 \
+device_download .whl --no-deps starlette==1.10.0 uvicorn==0.55.0 websockets==16.1.1 uvloop==0.23.0 httptools==0.9.0 \
     openpi-client==0.1.2 openpi-server==0.1.0 pytest-asyncio==1.5.0 av==18.1.0 soxr==1.1.0 \
     msgpack-numpy==0.4.8 prometheus-client==0.26.0 ftfy==6.3.1 wcwidth==0.9.5 \
     sentencepiece==0.2.3 pillow==13.0.0
@@ -35,7 +27,7 @@ done
 du -sh .whl .whlb
 
 if [ "${FA4:-0}" = 1 ]; then
-    download "$WORK/fa4" flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 \
+    device_download "$WORK/fa4" --no-deps flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 \
         nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
         nvidia-cutlass-dsl-libs-cu13==4.8.1 apache-tvm-ffi==0.1.15.post2 \
         torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5
@@ -53,6 +45,6 @@ fi
 
 if [ "${FA3:-0}" = 1 ]; then
     rm -rf .fa3
-    download .fa3 fa3-fwd==0.0.3
+    device_download .fa3 --no-deps fa3-fwd==0.0.3
     du -sh .fa3
 fi

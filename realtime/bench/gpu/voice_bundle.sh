@@ -27,13 +27,9 @@ cd "$(dirname "$0")/../../.."
 source realtime/bench/gpu/bundle_lib.sh
 bundle_workdir voice_bundle
 
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$WORK/wheels" "${WHEELS[@]}"
+device_download "$WORK/wheels" --no-deps "${WHEELS[@]}"
 # the bench's voice client, the official SDK, with the requirements the image lacks
-python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$WORK/client" openai==3.57.0
+device_download "$WORK/client" openai==3.57.0
 for wheel in "$WORK"/client/*.whl; do
     case " $DEVICE_HAS " in
         *" $(project "$wheel") "*) ;;
