@@ -544,12 +544,18 @@ class Session:
             self._end_tick()
 
     def continue_from(
-        self, epoch: int, prompt: str | None = None, controls: Sequence[ControlInput] = ()
+        self,
+        epoch: int,
+        prompt: str | None = None,
+        controls: Sequence[ControlInput] = (),
+        chunk_index: int = 0,
     ) -> None:
         """A session restored from a checkpoint (``realtime.scale.resume``), before its first
         tick: it continues the epochs its client already holds frames of (the epoch moves to
         ``epoch``, never back, and the executor's stage runner is fenced there, as after an
-        interrupt), with the sticky ``prompt`` and ``controls`` its last committed tick left."""
+        interrupt), with the sticky ``prompt`` and ``controls`` its last committed tick left, its
+        next tick being chunk ``chunk_index`` (a session whose model state is rebuilt goes on where
+        it was; request ids stay unique per tick)."""
         if self.ticks_committed or self._ticking:
             raise RuntimeError("continue_from() is for a restored session before its first tick")
         if epoch > self._epoch:
@@ -557,6 +563,7 @@ class Session:
             self._executor.fence(self.session_id, self._epoch)
         self._prompt = prompt
         self._controls = {c.track: c for c in controls}
+        self._chunk_index = chunk_index
 
     def interrupt(self) -> bool:
         """Supersede the session's work in flight, keeping everything else: the one call of a

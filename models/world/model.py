@@ -57,6 +57,27 @@ class WorldTick:
     action: Tensor  # [action_dim], held for the whole block
 
 
+@dataclass(frozen=True)
+class HeldBlock:
+    """One block of a session's resident KV as a restore needs it (:meth:`WorldModel.restore`):
+    its clean latent ``[frames_per_block, C, h, w]`` as its tick made it, the action it was
+    generated under and its prompt. Host tensors: what a checkpoint keeps."""
+
+    block: int
+    latent: Tensor
+    action: Tensor
+    prompt: str | None
+
+
+def resident_blocks(cfg: WorldModelConfig, next_block: int) -> tuple[int, ...]:
+    """The blocks with frames in a session's KV before block ``next_block`` (``kv_cache``'s sink
+    and window), in order: what a restore rebuilds it from."""
+    fpb = cfg.frames_per_block
+    sink = range(min(next_block, -(-cfg.sink_frames // fpb)))
+    window = range(max(0, (next_block * fpb - cfg.window_frames) // fpb), next_block)
+    return tuple(sorted({*sink, *window}))
+
+
 @dataclass
 class _Session:
     seed: int
@@ -196,9 +217,32 @@ class WorldModel:
         commit_decoder()
         return frames
 
+    def restore(self, session_id: str, seed: int, held: Sequence[HeldBlock]) -> None:
+        """Rebuild the state of a session moved here from another replica from the blocks its KV
+        held there (``held``: :func:`resident_blocks`' blocks, in order): each block's clean pass,
+        against the blocks restored before it and under its own prompt and action, writes its K/V
+        as its tick did; the session goes on at the block after the last, under the last prompt.
+
+        Exact while no frame had left the window (each block then sees what it saw when it was
+        made); later, a block's K/V lack the frames that had already left when it was made. Costs
+        one DiT pass per held block (a tick costs ``len(cfg.sigmas) + 1``). Not transactional: a
+        restore that raises leaves the session to be reset. The decoder's cache is its stage's
+        (``models.world.stage``)."""
+        self.reset(session_id, seed)
+        session = self.sessions[session_id]
+        for h in held:
+            session.next_block = h.block
+            tick = WorldTick(session_id, h.block, h.prompt, h.action)
+            latent = to_device(h.latent, self.pool.k)[None]
+            _, commit = self._generate([tick], clean=latent)
+            commit()
+
     @torch.no_grad()
-    def _generate(self, ticks: Sequence[WorldTick]) -> tuple[Tensor, Callable[[], None]]:
-        """x0 of each tick's block and the commit that writes its KV (nothing written before)."""
+    def _generate(
+        self, ticks: Sequence[WorldTick], clean: Tensor | None = None
+    ) -> tuple[Tensor, Callable[[], None]]:
+        """x0 of each tick's block and the commit that writes its KV (nothing written before);
+        with ``clean`` (the blocks' x0, ``[B, fpb, C, h, w]``) no denoising: only the clean pass."""
         cfg = self.cfg
         states = [self.sessions[t.session_id] for t in ticks]
         for t, s in zip(ticks, states, strict=True):
@@ -227,7 +271,8 @@ class WorldModel:
                 for (k, v), (fk, fv) in zip(cross, fresh, strict=True)
             ]
         sampler = FlowSampler(self.dit, self.pool, self.graphs, self.profiler)
-        x0, past, mask = sampler.denoise(reqs, cross)
+        past, mask = sampler.past(reqs)
+        x0 = sampler.denoise(reqs, cross, past, mask) if clean is None else clean
         kv = sampler.clean_pass(reqs, x0, past, mask, cross)
 
         def commit() -> None:

@@ -139,22 +139,26 @@ class FlowSampler:
         actions = to_device(torch.stack([r.actions for r in reqs]), p)
         return ids, starts, to_device(pos, p, torch.long), actions
 
-    @torch.no_grad()
-    def denoise(
-        self, reqs: Sequence[BlockRequest], cross: list[KV] | None = None
-    ) -> tuple[Tensor, list[KV], Tensor | None]:
-        """Staged denoise passes; returns x0 ``[B, fpb, C, h, w]`` plus the gathered past and mask
-        (``None`` when every key is visible; reused by ``commit``). ``cross`` overrides the pool's cross-attention K/V (prompt change)."""
+    def past(self, reqs: Sequence[BlockRequest]) -> tuple[list[KV] | None, Tensor | None]:
+        """The sessions' resident K/V a block's passes attend to, with room for the block's own,
+        and the attention mask (``None`` when every key is visible), from one gather."""
         cfg, fpb = self.cfg, self.cfg.frames_per_block
-        ids, starts, pos, actions = self._inputs(reqs)
+        ids, starts, _, _ = self._inputs(reqs)
         past, key_mask = self.pool.gather(ids, starts, room=fpb * cfg.tokens_per_frame)
-        cross = self.pool.cross(ids) if cross is None else cross
-        b = len(reqs)
         mask = None  # a full window (the steady state): no mask, so the fastest attention kernels
         if key_mask is not None:
-            mask = torch.cat([key_mask, key_mask.new_ones(b, fpb * cfg.tokens_per_frame)], 1)[
-                :, None, None, :
-            ]
+            room = key_mask.new_ones(len(reqs), fpb * cfg.tokens_per_frame)
+            mask = torch.cat([key_mask, room], 1)[:, None, None, :]
+        return past, mask
+
+    @torch.no_grad()
+    def denoise(
+        self, reqs: Sequence[BlockRequest], cross: list[KV], past: list[KV] | None, mask: Tensor | None
+    ) -> Tensor:
+        """Staged denoise passes against ``past`` (:meth:`past`'s, reused by the clean pass);
+        returns x0 ``[B, fpb, C, h, w]``. ``cross``: the sessions' prompt cross-attention K/V."""
+        cfg, fpb = self.cfg, self.cfg.frames_per_block
+        _, _, pos, actions = self._inputs(reqs)
         shape = (fpb, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
         noise = block_noises(reqs, len(cfg.sigmas), shape, self.pool.k)
         replay = self._replays(past, mask, pos, actions, cross)
@@ -166,11 +170,16 @@ class FlowSampler:
             if i + 1 < len(cfg.sigmas):
                 x = renoise(x0, noise[i + 1], cfg.sigmas[i + 1])
         self.profiler.mark("denoised")
-        return x0, past, mask
+        return x0
 
     @torch.no_grad()
     def clean_pass(
-        self, reqs: Sequence[BlockRequest], x0: Tensor, past: list[KV], mask: Tensor | None, cross: list[KV]
+        self,
+        reqs: Sequence[BlockRequest],
+        x0: Tensor,
+        past: list[KV] | None,
+        mask: Tensor | None,
+        cross: list[KV],
     ) -> list[KV]:
         """The sigma = 0 pass over the final x0: the block's K/V to commit (nothing written yet;
         from a replayed graph they are views of the past's room, valid until the next gather)."""
@@ -181,6 +190,7 @@ class FlowSampler:
         self.profiler.mark("cleaned")
         if not replay:
             return kv
+        assert past is not None  # a graph replays a full window only
         room = x0.shape[1] * self.cfg.tokens_per_frame  # where the replayed self-attention wrote them
         return [(k[:, -room:], v[:, -room:]) for k, v in past]
 
@@ -188,7 +198,8 @@ class FlowSampler:
         """Denoise, clean pass, then commit every session's block K/V; returns x0."""
         ids, starts, _, _ = self._inputs(reqs)
         cross = self.pool.cross(ids)
-        x0, past, mask = self.denoise(reqs, cross)
+        past, mask = self.past(reqs)
+        x0 = self.denoise(reqs, cross, past, mask)
         kv = self.clean_pass(reqs, x0, past, mask, cross)
         self.pool.commit(ids, starts, kv)
         return x0

@@ -7,12 +7,18 @@ encode) block k on their own worker threads while block k + 1 denoises.
 - :class:`WorldBlockStage`: one batch = one ``WorldModel.generate`` over the batch's sessions: all
   their blocks denoise in one forward and commit their rolling KV (transactional: nothing changes
   if it raises). Payload :class:`WorldBlockInput`, output :class:`WorldBlock` (the clean latent).
-  A payload for block 0 starts the session's world afresh with the tick's seed. Per-session state
+  A payload for block 0 starts the session's world afresh with the tick's seed; one that carries
+  ``restore`` (a session moved here from another replica) first rebuilds the session's KV from
+  those blocks (``WorldModel.restore``) and hands their last consecutive run on
+  (``WorldBlock.warmup``). Per-session state
   (rolling self-attention KV + prompt cross-attention KV) lives in the model's pool at the slot
   the runtime's slot table allocated.
 - :class:`WorldDecodeStage`: one batch = one ``WorldModel.decode_blocks``; the decoder's temporal
-  cache is this stage's per-slot state, advanced only after a successful forward. Output
-  :class:`WorldFrames` (``uint8 [T, H, W, 3]`` on the CPU).
+  cache is this stage's per-slot state, advanced only after a successful forward; a block with
+  ``warmup`` rebuilds it first by decoding those latents from a fresh cache (frames dropped:
+  exact when they start at block 0, and the cache forgets what lies past its receptive field).
+  Output :class:`WorldFrames` (``uint8 [T, H, W, 3]`` on the CPU) with the block as a restore
+  would need it (``held``: its clean latent copied to the host with the frames).
 
 On CUDA the decoder runs on its own stream. Both stages' threads would otherwise queue kernels
 on the one default stream, so the decode of block k (and its device-to-host copy, which waits for
@@ -41,9 +47,10 @@ import torch
 from torch import Tensor
 
 from models.stage import StageItem
+from models.transfer import to_device
 from models.world.controls import KEYS_TRACK, MOUSE_TRACK, action_vector
 from models.world.memory import decoder_state_bytes
-from models.world.model import WorldModel, WorldTick
+from models.world.model import HeldBlock, WorldModel, WorldTick
 from models.world.profiling import BlockTimings, Marks, block_timings
 from models.world.vae import DecoderState
 
@@ -53,6 +60,7 @@ class WorldBlockInput:
     tick: WorldTick
     seed: int
     extra: Any = None
+    restore: tuple[HeldBlock, ...] = ()  # a moved session's resident blocks, rebuilt before this one
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,9 @@ class WorldBlock:
     started_at: float = 0.0  # time.monotonic() when the forward began
     marks: Marks = field(default_factory=dict)  # the DiT forward's profiler marks (empty when off)
     previous: Marks | None = None  # those of the stage's forward before this one
+    action: Tensor | None = None  # the tick's (``WorldTick.action``)
+    prompt: str | None = None  # the tick's
+    warmup: tuple[Tensor, ...] = ()  # restore: the latents the decoder's cache is rebuilt from
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,7 @@ class WorldFrames:
     batch_size: int
     extra: Any = None
     timings: BlockTimings | None = None
+    held: HeldBlock | None = None  # the block as a restore needs it (host latent)
 
 
 def world_input(snapshot: Any) -> WorldBlockInput:
@@ -97,7 +109,7 @@ def world_input(snapshot: Any) -> WorldBlockInput:
     action = action_vector(keys.data["pressed"] if keys is not None else (), dx, dy)
     prompt = snapshot.prompt if snapshot.prompt is not None else payload.prompt
     tick = WorldTick(snapshot.session_id, snapshot.chunk_index, prompt, action)
-    return WorldBlockInput(tick, payload.seed, payload.extra)
+    return WorldBlockInput(tick, payload.seed, payload.extra, payload.restore)
 
 
 class WorldBlockStage:
@@ -122,7 +134,9 @@ class WorldBlockStage:
         started_at, t0 = time.monotonic(), time.perf_counter()
         inputs: list[WorldBlockInput] = [item.payload for item in items]
         for inp in inputs:
-            if inp.tick.block == 0:
+            if inp.restore:
+                self.model.restore(inp.tick.session_id, inp.seed, inp.restore)
+            elif inp.tick.block == 0:
                 self.model.reset(inp.tick.session_id, seed=inp.seed)
         with self.model.profiler.collect() as marks:
             latents = self.model.generate([inp.tick for inp in inputs])
@@ -134,10 +148,29 @@ class WorldBlockStage:
         previous, self._last_marks = self._last_marks, marks
         return [
             WorldBlock(
-                latents[i], inp.tick.block, ms, len(items), inp.extra, ready, started_at, marks, previous
+                latents[i],
+                inp.tick.block,
+                ms,
+                len(items),
+                inp.extra,
+                ready,
+                started_at,
+                marks,
+                previous,
+                inp.tick.action,
+                inp.tick.prompt,
+                self._warmup(inp.restore, latents),
             )
             for i, inp in enumerate(inputs)
         ]
+
+    @staticmethod
+    def _warmup(held: Sequence[HeldBlock], like: Tensor) -> tuple[Tensor, ...]:
+        """The latents of ``held``'s last run of consecutive blocks, on the model's device."""
+        run: list[HeldBlock] = []
+        for h in held:
+            run = [*run, h] if run and h.block == run[-1].block + 1 else [h]
+        return tuple(to_device(h.latent, like) for h in run)
 
 
 class WorldDecodeStage:
@@ -179,7 +212,9 @@ class WorldDecodeStage:
         with profiler.collect() as marks:
             profiler.mark("decode")  # on CUDA after the wait for the DiT: the decoder's own time
             for item, block in zip(items, blocks, strict=True):
-                if block.block == 0:  # a fresh world: a fresh temporal cache
+                if block.warmup:  # a session moved here: its cache rebuilt from its last blocks
+                    self._states[item.slot] = self._warmed(block.warmup)
+                elif block.block == 0:  # a fresh world: a fresh temporal cache
                     self._states[item.slot] = self.model.init_decoder_state()
             states = [self._states[item.slot] for item in items]
             latents = blocks[0].latent.new_empty((len(blocks), *blocks[0].latent.shape))
@@ -188,6 +223,7 @@ class WorldDecodeStage:
             frames, after = self.model.decode_blocks(latents, states, host=False)
             profiler.mark("decoded")
             frames = [_to_host(f) for f in frames]
+            held = [_held(b) for b in blocks]
             profiler.mark("copied")
         if self._stream is not None:
             self._stream.synchronize()  # the frames must be on the host: the wait this stage always had
@@ -203,9 +239,25 @@ class WorldDecodeStage:
                 b.batch_size,
                 b.extra,
                 block_timings(b.started_at, b.forward_ms, b.marks, b.previous, marks),
+                h,
             )
-            for f, b in zip(frames, blocks, strict=True)
+            for f, b, h in zip(frames, blocks, held, strict=True)
         ]
+
+    def _warmed(self, latents: Sequence[Tensor]) -> DecoderState:
+        """A fresh temporal cache after decoding ``latents`` (one block each) in order."""
+        state = self.model.init_decoder_state()
+        for latent in latents:
+            _, (state,) = self.model.decode_blocks(latent[None], [state], host=False)
+        return state
+
+
+def _held(block: WorldBlock) -> HeldBlock | None:
+    """``block`` as a restore needs it, its latent copied to the host (without a wait on CUDA)."""
+    if block.action is None:
+        return None
+    latent = _to_host(block.latent) if block.latent.is_cuda else block.latent.clone()  # not a batch's view
+    return HeldBlock(block.block, latent, block.action, block.prompt)
 
 
 def _to_host(frames: Tensor) -> Tensor:

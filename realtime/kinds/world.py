@@ -26,6 +26,7 @@ boundary: ``keys`` is sticky, ``mouse`` deltas of the events applied in one bloc
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -43,7 +44,7 @@ from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_co
 from models.world.controls import CONTROL_SCHEMAS, validate_control
 from models.world.kv_cache import KVGeometry
 from models.world.memory import decoder_state_bytes, fixed_bytes
-from models.world.model import WorldModel, WorldTick
+from models.world.model import HeldBlock, WorldModel, WorldTick, resident_blocks
 from models.world.profiling import OFF, DeviceProfiler
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
 from models.world.text_encoder import (
@@ -71,6 +72,7 @@ from sessions.tick import TickOutput
 log = logging.getLogger("realtime.world")
 
 PATH = "/v1/realtime/world"
+_STATE_OVERHEAD_BYTES = 64 * 1024  # a world checkpoint besides its held latents (start, controls, pickle)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -81,6 +83,7 @@ class WorldTickPayload:
     seed: int
     prompt: str | None
     extra: MediaSettings
+    restore: tuple[HeldBlock, ...] = ()  # a session moved here: its model state rebuilt from these
 
 
 def resolve_model(
@@ -407,7 +410,7 @@ class _WorldHandler:
         self.client_ts: dict[int, float] = {}  # event id -> client timestamp, until applied
         self.accepted_at: dict[int, float] = {}  # event id -> time.monotonic() accepted, until applied
         self.queue_sends: list[asyncio.Task] = []  # session.queued frames on their way (_queued)
-        self.chunks_before = 0  # a restored session's chunks on its earlier replicas
+        self.held: dict[int, HeldBlock] = {}  # block -> the blocks its KV holds, as sent (checkpoints)
 
     async def opened(self, conn: Connection) -> None:
         bad = proto.check_version(self.protocol_version)
@@ -478,8 +481,10 @@ class _WorldHandler:
             self.queue_sends.clear()
         wc = self.service.config
         self.start = cmd
+        held = restored[1].held if restored is not None else ()
+        self.held = {h.block: h for h in held}
         self.payload = WorldTickPayload(
-            cmd.seed, cmd.prompt, MediaSettings(cmd.format, cmd.fps, wc.jpeg_quality)
+            cmd.seed, cmd.prompt, MediaSettings(cmd.format, cmd.fps, wc.jpeg_quality), held
         )
         block_s = self.service.model.cfg.frames_for_block(False) / cmd.fps  # type: ignore[union-attr]
         self.pacer = PlaybackPacer(
@@ -488,14 +493,14 @@ class _WorldHandler:
         caps = {**self.service.capabilities(), "fps": cmd.fps, "format": cmd.format, "pacing": cmd.pacing}
         if restored is not None:
             state = restored[1]
-            session.continue_from(state.epoch, state.prompt, state.controls)
-            self.chunks_before = state.chunks
+            session.continue_from(state.epoch, state.prompt, state.controls, state.chunks if held else 0)
         await conn.send(proto.render_created(session.session_id, caps))
 
     async def _restored(self, conn: Connection) -> tuple[str, WorldState] | None:
         """The session of a gone replica this socket names, from the checkpoint the session check
-        found (``realtime.scale.resume``): it starts again with its start command, prompt and
-        controls, at chunk 0 (the KV is not recomputed: the world restarts from its seed)."""
+        found (``realtime.scale.resume``): it goes on with its start command, prompt and controls
+        after the last chunk it sent, its first tick rebuilding the model's state from the blocks
+        held (``WorldModel.restore``); without them it restarts from its seed at chunk 0."""
         checkpointer, checkpoint = self.service.ctx.checkpointer, restoring(conn.ws.scope)
         if checkpointer is None or checkpoint is None or checkpoint.kind != "world":
             return None
@@ -505,16 +510,27 @@ class _WorldHandler:
         checkpointer.adopt(checkpoint)
         return checkpoint.session_id, state
 
-    def _checkpoint(self, conn: Connection) -> None:
-        """After a committed chunk: the session's state to the replica's checkpointer (coalesced)."""
+    def _checkpoint(self, conn: Connection, sent: HeldBlock) -> None:
+        """After a chunk was sent: the blocks its session's KV holds now, and the session's state
+        with them to the replica's checkpointer (coalesced: ``state`` reads the newest when it
+        runs). Held latents over the store's bound are left out (the world would restart from its
+        seed)."""
         checkpointer, session, start = self.service.ctx.checkpointer, conn.session, self.start
         if checkpointer is None or session is None or start is None:
             return
+        cfg = self.service.model.cfg  # type: ignore[union-attr]
+        kept = resident_blocks(cfg, sent.block + 1)
+        self.held = {b: h for b, h in {**self.held, sent.block: sent}.items() if b in kept}
+        room = self.service.ctx.config.replicas.checkpoint_max_bytes - _STATE_OVERHEAD_BYTES
 
         def state() -> WorldState:
+            held = tuple(self.held[b] for b in sorted(self.held))
+            chunks = held[-1].block + 1 if held else 0
+            whole = tuple(h.block for h in held) == resident_blocks(cfg, chunks)
+            if not whole or sum(h.latent.nbytes for h in held) > room:
+                held = ()
             controls = tuple(session.controls.values())
-            chunks = self.chunks_before + session.chunk_index
-            return WorldState(start, session.prompt, controls, session.epoch, chunks)
+            return WorldState(start, session.prompt, controls, session.epoch, chunks, held)
 
         checkpointer.save(session.session_id, "world", state)
 
@@ -543,7 +559,8 @@ class _WorldHandler:
         except SessionError as exc:
             await conn.send(self._error(exc.code, exc.message))
             return
-        self.paused, self.frames_out = False, 0
+        self.paused, self.frames_out, self.held = False, 0, {}
+        self.payload = dataclasses.replace(self.payload, restore=())  # type: ignore[arg-type]
         self.pacer.restart()  # type: ignore[union-attr]
         self.client_ts.clear()
         self.accepted_at.clear()
@@ -616,7 +633,8 @@ class _WorldHandler:
             await conn.send(self._error(error.code, f"{error.message}; send session.reset"))
             return
         result: TickOutput[PipelineResult] = done.result
-        self._checkpoint(conn)
+        if self.payload.restore:  # type: ignore[union-attr]  # the model state is rebuilt
+            self.payload = dataclasses.replace(self.payload, restore=())  # type: ignore[arg-type]
         meta = self._chunk_metadata(result, done)
         frames = meta["frame_count"]
         self.unsent += 1
@@ -652,6 +670,8 @@ class _WorldHandler:
             chunk = item.chunk
             if chunk.media is not None:
                 self.service.stages.observe(chunk.media, chunk.first, item.started, chunk.ready_at, item.at)
+                if chunk.media.held is not None:
+                    self._checkpoint(conn, chunk.media.held)
 
     def _chunk_metadata(self, result: TickOutput[PipelineResult], done: _TickDone) -> dict[str, Any]:
         start, cfg = self.start, self.service.model.cfg  # type: ignore[union-attr]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.stage import StageItem
+from models.world.model import HeldBlock
 from models.world.profiling import BlockTimings
 from models.world.stage import WorldFrames
 from realtime.media.video import Fmp4Encoder, encode_jpegs, pack_jpeg_batch
@@ -48,6 +49,7 @@ class EncodedMedia:
     encode_ms: float  # the encode stage's forward (its whole batch: the blocks leave together)
     batch_size: int
     timings: BlockTimings | None = None  # the model stages' (``WorldFrames.timings``)
+    held: HeldBlock | None = None  # the block as a restore needs it (``WorldFrames.held``)
 
 
 class MediaEncodeStage:
@@ -133,4 +135,5 @@ def _media(block: WorldFrames, data: bytes, init_bytes: int, encode_ms: float) -
         encode_ms,
         block.batch_size,
         block.timings,
+        block.held,
     )

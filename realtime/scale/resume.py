@@ -155,7 +155,10 @@ class VoiceState:
 @dataclass(frozen=True)
 class DuplexState:
     """A duplex session's protocol state: the resume token, the epoch its frames carry, the
-    conversation id, and the journal (kept entries, last seq, the highest seq lost to its bounds)."""
+    conversation id, and the journal (kept entries, last seq, the highest seq lost to its bounds);
+    and its model's context as host data (``models/duplex/context.py``: the token rows its KV
+    can see, or the cascade's chat messages; None: the model keeps none, its context restarts
+    empty), which the new replica's stage recomputes its KV from."""
 
     resume_token: str
     epoch: int
@@ -163,18 +166,24 @@ class DuplexState:
     last_seq: int
     trimmed_to: int
     entries: tuple[Any, ...]  # realtime.protocols.duplex.journal.Entry
+    model_context: Any = None  # models.duplex.context.TokenContext | models.duplex.cascade.ChatContext
 
 
 @dataclass(frozen=True)
 class WorldState:
     """A world session: its start command (seed, fps, format, pacing, first prompt), the sticky
-    prompt and controls its last committed chunk left, its epoch, and the chunks it generated."""
+    prompt and controls its last committed chunk left, its epoch, the chunks it sent, and the
+    blocks its KV held at the last of them (``held``: each block's clean latent with the action
+    and prompt it was generated under, the control history the model's context depends on;
+    empty when they did not fit ``replicas.checkpoint_max_bytes``: the world then restarts from
+    its seed)."""
 
     start: Any  # realtime.protocols.world.Start
     prompt: str | None
     controls: tuple[Any, ...]  # sessions.events.ControlInput
     epoch: int
     chunks: int
+    held: tuple[Any, ...] = ()  # models.world.model.HeldBlock, in block order
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import pytest
 import websockets
 from starlette.middleware import Middleware
 
+from models.world.model import resident_blocks
 from realtime import server as server_module
 from realtime.app import create_app
 from realtime.config import config_from_mapping
@@ -264,7 +265,11 @@ async def until_type(ws, kind: str) -> dict:
             return json.loads(message)
 
 
-async def test_a_world_session_restarts_on_another_replica_with_its_prompt_and_controls(replica):
+async def test_a_world_session_goes_on_on_another_replica_from_its_last_sent_chunk(replica):
+    """The checkpoint holds the blocks the session's KV held after the last chunk it sent (each
+    with its action and prompt); the other replica rebuilds the model's state from them and the
+    session goes on at the next chunk, a later block's frames, its prompt and controls intact
+    (the model's side is exact while nothing left the window: tests/world/test_restore.py)."""
     store, tagged = replica
     config = config_from_mapping(
         {
@@ -290,16 +295,22 @@ async def test_a_world_session_restarts_on_another_replica_with_its_prompt_and_c
     await asyncio.sleep(0.2)  # the shutdown's own deletes land first
     store.table.put(lost)  # as if replica aaa had died instead of shutting down
     held = decode(lost)
-    assert held.start.seed == 5 and held.prompt == "ice" and held.chunks >= 2
+    assert held.start.seed == 5 and held.prompt == "ice" and held.chunks >= 3
     tagged("bbb")
     async with serve_in_process(config) as (url, running):
         (world,) = running.rt_app.state.rt.kinds
+        cfg = world.model.cfg
+        assert tuple(h.block for h in held.held) == resident_blocks(cfg, held.chunks)
+        assert held.held[-1].prompt == "ice" and held.held[-1].action.abs().sum() > 0  # key "a" held
         url = url.replace("http", "ws") + f"/v1/realtime/world?protocol_version=1&session_id={sid}"
         async with websockets.connect(url) as ws:
             await ws.send(json.dumps({"type": "session.start", "prompt": "sand", "pacing": "fast"}))
             assert (await until_type(ws, "session.created"))["session_id"] == sid
             session = world.manager.get(sid)
             assert session.prompt == "ice" and dict(session.controls)["keys"].data["pressed"] == ("a",)
+            first = await until_type(ws, "chunk.metadata")
+            assert first["chunk_index"] == held.chunks and f"-{held.chunks}-" in first["request_id"]
+            assert first["frame_count"] == cfg.frames_for_block(False)  # the decoder's cache goes on
             await world_chunks(ws, 1)
 
 
