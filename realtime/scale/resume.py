@@ -4,14 +4,15 @@
 The contract (docs/scaling.md, "Resume on another replica"):
 
 - **Checkpoint at tick boundaries.** After a committed tick (a voice response, a duplex flush of
-  model steps, a robot chunk) the session's one owner calls :meth:`Checkpointer.save` with a
-  function that builds the kind's frozen state (:class:`VoiceState`, :class:`DuplexState`,
-  :class:`RobotState`). Saves are coalesced (at most one put per ``interval_s``, 0.2 s, per
+  model steps, a robot chunk; a world chunk once sent) the session's one owner calls
+  :meth:`Checkpointer.save` with a function that builds the kind's frozen state
+  (:class:`VoiceState`, :class:`DuplexState`, :class:`WorldState`, :class:`RobotState`). Saves are coalesced (at most one put per ``interval_s``, 0.2 s, per
   session: a save inside the interval arms one timer that builds the newest state when it ends),
   serialized on a worker thread and put fire-and-forget (a slow store never holds a tick). Each
   put carries the next ``seq`` of its session; the store keeps only the newest.
 - **Small and self-contained.** A state holds what rebuilds the session elsewhere, not its device
-  state (KV caches are recomputed on the new replica). At most ``replicas.checkpoint_max_bytes``.
+  state (KV caches are recomputed on the new replica from host data: conversation items, token
+  rows, a world's held latent blocks). At most ``replicas.checkpoint_max_bytes``.
 - **Restore where the router places it.** A request naming a session whose replica is gone is
   placed by capacity on a live replica; that replica's session check
   (``realtime.scale.session_check``) finds the checkpoint and hands it to the kind in the
