@@ -88,3 +88,20 @@ def test_the_stages_rebuild_the_kv_and_the_decoders_cache_of_a_moved_session():
     (here,) = decoder.forward([_item("here", block, 1)])
     assert here.frames.shape[0] == model.cfg.frames_for_block(False)  # a later block's frames
     assert torch.equal(here.frames, there.frames)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_restore_on_cuda_with_graphs_rebuilds_what_the_graphed_session_holds():
+    """bf16 on the GPU with the steady pass replayed from CUDA graphs: the restore's clean passes
+    (eager while the window fills, replayed once it is full) rebuild the same KV as the ticks."""
+    model = WorldModel.build(TEST, slots=3, device="cuda", dtype=torch.bfloat16, seed=5)
+    model.capture_graphs(2)
+    model.open("there", seed=7)
+    history = _rollout(model, "there", 3, ["stone maze"] * 3)
+    model.open("here", seed=0)
+    model.restore("here", 7, [h for h in history if h.block in resident_blocks(model.cfg, 3)])
+    for a, b in zip(model.pool.snapshot("there"), model.pool.snapshot("here"), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    next_there = model.generate([tick(model, "there", 3, "stone maze")])[0]
+    next_here = model.generate([tick(model, "here", 3, "stone maze")])[0]
+    torch.testing.assert_close(next_here, next_there, rtol=0, atol=0)
