@@ -34,7 +34,7 @@ def _rollout(model: WorldModel, sid: str, n: int, prompts: list[str]) -> list[He
     held = []
     for i in range(n):
         t = tick(model, sid, i, prompts[i])
-        held.append(HeldBlock(i, model.generate([t])[0].clone(), t.action, t.prompt))
+        held.append(HeldBlock(i, model.generate([t])[0].cpu(), t.action, t.prompt))  # host, as checkpointed
     return held
 
 
