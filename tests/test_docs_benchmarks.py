@@ -102,7 +102,7 @@ def command_problems(command: str) -> list[str]:
             if word and "$" not in word and flag in choices and word not in choices[flag]:  # $: the shell's
                 problems.append(f"{scenario} {flag} takes none of {word!r}")
         return problems
-    if words and words[0] == "bash":
+    if words and words[0] in ("bash", "python", "python3"):
         words = words[1:]
     if not words or not (ROOT / words[0]).is_file() or not _tracked(words[0]):
         return [f"neither a realtime bench command nor a committed script: {command}"]
