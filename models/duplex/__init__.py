@@ -10,4 +10,5 @@ One readable file per part (see ``README.md``):
 - ``kv_cache.py``       temporal KV resident in place per slot, sink + window rolling
 - ``lm.py``             the speech LM: temporal transformer over text + audio streams, depth transformer
 - ``stage.py``          ``DuplexStage``: the model as one batched, stateful stage of the stage engine
+- ``context.py``        a model's context as host data: what checkpoints keep, how a resume restores it
 """

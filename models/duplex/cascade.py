@@ -39,6 +39,13 @@ KV, resident across turns). Not transactional beyond the VAD: a step that fails 
 session's turn logic returns :class:`~models.duplex.stage.DuplexStepFailed` for it (the kind
 ends that session); if the batched VAD call raises, its streams are restored and nothing else
 changed.
+
+Context across replicas (``models/duplex/context.py``): the conversation is the chat messages a
+session remembers. A step that changed them carries them whole (:class:`ChatContext`, at most
+``max_history_messages``) for the session's :class:`ChatLog`; a session restored from a checkpoint
+gets them back in its first step and prefills their prompt at once (``_warm``), so its next reply
+is conditioned on the conversation before the loss. The turn in progress (an utterance being
+heard, a reply being generated or played) is not restored.
 """
 
 from __future__ import annotations
@@ -77,6 +84,7 @@ log = logging.getLogger(__name__)
 NAME = "duplex-cascade"
 MAX_CLAUSE_S = 15.0  # the longest clause's audio (200 characters, ClauseSplitter's cut), for state_bytes
 BACKCHANNEL_TEXT = "Mm-hmm."
+MESSAGE_OVERHEAD_BYTES = 64  # a pickled ChatMessage beyond its text (the checkpoint's budget)
 _SILENT_FRAME = SILENCE.pcm
 
 
@@ -114,6 +122,49 @@ def load_parts(llm_context_tokens: int, max_conversations: int) -> CascadeParts:
 
     chat = TransformersChat(max_conversations=max_conversations, max_context_tokens=llm_context_tokens)
     return CascadeParts(SileroVad(), WhisperAsr(workers=2), chat, HibariTts())
+
+
+# ----------------------------------------------------------------------------- context
+
+
+def bounded(messages: Sequence[ChatMessage], limit: int) -> list[ChatMessage]:
+    """The newest ``limit`` messages, starting at a user turn."""
+    kept = list(messages[max(0, len(messages) - limit) :]) if limit > 0 else []
+    while kept and kept[0].role != "user":
+        del kept[0]
+    return kept
+
+
+@dataclass(frozen=True)
+class ChatContext:
+    """The cascade's context: the chat messages a session's LLM remembers, oldest first."""
+
+    messages: tuple[ChatMessage, ...]
+
+
+class ChatLog:
+    """A session's copy of its cascade's remembered messages (a ``ContextLog``): each output
+    that changed them carries them whole, so the newest replaces what it held."""
+
+    def __init__(self) -> None:
+        self.messages: tuple[ChatMessage, ...] = ()
+
+    def add(self, update: ChatContext) -> None:
+        self.messages = update.messages
+
+    def snapshot(self, max_bytes: int) -> ChatContext | None:
+        """The newest messages that fit ``max_bytes`` (starting at a user turn), or None."""
+        size, fit = 0, 0
+        for message in reversed(self.messages):
+            size += len(message.content.encode()) + MESSAGE_OVERHEAD_BYTES
+            if size > max_bytes:
+                break
+            fit += 1
+        kept = bounded(self.messages, fit)
+        return ChatContext(tuple(kept)) if kept else None
+
+    def restore(self, context: ChatContext) -> None:
+        self.messages = context.messages
 
 
 # ----------------------------------------------------------------------------- playout
@@ -261,12 +312,19 @@ class CascadeSession:
         self.step = 0
         self.epoch = 0  # the session's epoch as its items carry it (a bump: the kind cut the reply)
         self.warmed = False  # the conversation's KV holds the prompt's head (see CascadeStage._warm)
+        self.remembered = False  # the history changed since the last output carried it
 
     def remember(self, message: ChatMessage, limit: int) -> None:
         """Add to the history, keeping at most ``limit`` messages, starting at a user turn."""
-        self.history.append(message)
-        while len(self.history) > limit or (self.history and self.history[0].role != "user"):
-            del self.history[0]
+        self.history = bounded([*self.history, message], limit)
+        self.remembered = True
+
+    def context(self) -> ChatContext | None:
+        """The history for this step's output if it changed since the last one carried it."""
+        if not self.remembered:
+            return None
+        self.remembered = False
+        return ChatContext(tuple(self.history))
 
 
 class CascadeStage:
@@ -325,8 +383,22 @@ class CascadeStage:
         self.parts.chat.release(session_id)
         self.vad.release_state(session_id, slot, state)
 
+    def context_log(self) -> ChatLog:
+        return ChatLog()
+
     def forward(self, items: Sequence[StageItem]) -> list[DuplexOutput | Exception]:
-        return step_ready(items, lambda slot: None, self._step)
+        return step_ready(items, lambda slot: None, self._step, self._restore)
+
+    def _restore(self, slot: int, context: ChatContext) -> None:
+        """The slot's session continues the conversation ``context`` holds (bounded as
+        ``remember`` bounds it); its prompt is prefilled now (``_warm``), so the first reply
+        after the resume prefills only the user's new words."""
+        if not isinstance(context, ChatContext):
+            raise ValueError(f"expected a ChatContext, got {type(context).__name__}")
+        session = self.sessions[slot]
+        assert session is not None, f"slot {slot} is not open"
+        session.history = bounded(context.messages, self.settings.max_history_messages)
+        self._warm(session)
 
     # -- one frame -------------------------------------------------------------------------
     def _step(self, items: Sequence[StageItem]) -> list[DuplexOutput | Exception]:
@@ -357,7 +429,7 @@ class CascadeStage:
         for action in actions:
             self._act(session, action)
         pcm, text, speaking = self._play(session)
-        out = DuplexOutput(pcm, text, speaking, session.step)
+        out = DuplexOutput(pcm, text, speaking, session.step, context=session.context())
         session.step += 1
         return out
 

@@ -202,6 +202,17 @@ class SlotKV:
         sink.copy_(rope(sink.transpose(1, 2), view.sink_positions, self.theta).transpose(1, 2))
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=view.visible)
 
+    def store(self, slot: int, layer: int, columns: Tensor, k: Tensor, v: Tensor) -> None:
+        """Write one slot's keys and values ``[heads, N, head_dim]`` of ``layer`` at ``columns
+        [N]`` (a prefill; FP8 storage quantizes them as a step does)."""
+        for i, x in enumerate((k, v)):
+            if self.scales is None:
+                self.kv[slot, layer, i][:, columns] = x
+            else:
+                values, scales = kv_fp8.quantize(x)
+                self.kv[slot, layer, i][:, columns] = values
+                self.scales[slot, layer, i][:, columns] = scales
+
     def reset(self, slot: int) -> None:
         self.kv[slot].zero_()
         if self.scales is not None:

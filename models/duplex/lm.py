@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from models.duplex.configs import DuplexModelConfig
 from models.duplex.kv_cache import SlotKV, StepRows
-from models.rope import apply_rope, rope_angles
+from models.rope import apply_rope, rope, rope_angles
 from models.world.dit import RMSNorm
 
 PAD, BOS = 0, 1
@@ -200,6 +200,29 @@ class DuplexLM(nn.Module):
         noise = gumbel_noise(seeds, rows.t, 1, self.cfg.text_vocab)[:, 0]
         text_out = sample(self.text_head(h), noise, self.cfg.text_temperature)
         return StepTokens(text_out, self.depth_decode(h, text_out, seeds, rows.t), h)
+
+    def prefill(self, kv: SlotKV, slot: int, inputs: Tensor, frames: Tensor, positions: Tensor) -> None:
+        """Rebuild one slot's KV from the temporal inputs of its kept frames (a restored session,
+        ``models/duplex/context.py``): ``inputs [N, 1 + 2 n_q]`` (previous text, previous model
+        codebooks, user codes) of frames ``frames [N]`` (ascending), in one causal forward at
+        RoPE ``positions [N]``; each key is stored at its frame's column, roped with the frame's
+        index as a step stores it. With ``frames == positions == 0 .. N - 1`` (no roll) this is
+        what stepping the same inputs writes (up to rounding); after a roll the kept frames see
+        only each other (the frames they saw once are gone)."""
+        n_q = self.cfg.n_q
+        x = self.embed(inputs[None, :, 0], inputs[None, :, 1 : 1 + n_q], inputs[None, :, 1 + n_q :])
+        columns = kv.index(frames)
+        back = (frames - positions)[None]  # the rotation from a key's position to its frame's
+
+        def attend(layer: int) -> Attend:
+            def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+                stored = rope(k.transpose(1, 2), back, self.cfg.rope_theta).transpose(1, 2)
+                kv.store(slot, layer, columns, stored[0], v[0])
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            return run
+
+        self.temporal_forward(x, positions[None], attend)
 
     def bucket_step(
         self, kv: SlotKV, text: Tensor, audio: Tensor, user: Tensor, seeds: Tensor, t: Tensor

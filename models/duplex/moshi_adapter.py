@@ -17,6 +17,11 @@ Differences from the embedded stage, all Moshi's own behaviour:
   batch and returns :class:`DuplexStepFailed` for each of its items (those sessions fail) instead
   of raising, so the engine never re-runs a half-advanced batch.
 - Speaking = the text token is a word (not Moshi's PAD ``3`` / end-of-padding ``0``).
+- No context restore: a session resumed on another replica starts with an empty context
+  (:meth:`MoshiDuplexStage.context_log` is None, so its checkpoints hold no model context, and an
+  input carrying one fails with ``ContextRestoreFailed``). Rebuilding ``LMGen``'s state would need
+  its delayed-codebook token cache and each streaming module's per-row offsets set from outside
+  the package; the embedded Moshi-shaped stage (``stage.py``) restores its KV from tokens.
 
 ``torch.compile`` (which ``moshi`` applies lazily to a few functions) is disabled during steps
 unless ``compile=True``: on the CPU the first compiled step costs tens of seconds.
@@ -177,6 +182,10 @@ class MoshiDuplexStage:
 
     def silence(self) -> DuplexInput:
         return SILENCE
+
+    def context_log(self) -> None:
+        """None: this adapter keeps no context for checkpoints (module docstring)."""
+        return None
 
     def _reset(self, slots: Sequence[int]) -> None:
         mask = torch.zeros(self.slot_capacity, dtype=torch.bool)

@@ -15,6 +15,10 @@ Contract of :meth:`DuplexStage.forward`:
   (positions, previous tokens, codec buffers) is committed only at the end.
 - ``DuplexOutput.step`` is the 0-based index of the frame in the session's stream: output
   ``step`` covers ``[step * 80, (step + 1) * 80)`` ms of the session.
+- Context restore (a session resumed from a checkpoint, ``models/duplex/context.py``): an input
+  whose ``restore`` is set first rebuilds its slot's context from that snapshot (the stage's
+  ``context_log()`` made it), then steps; a restore that fails leaves the slot empty and answers
+  :class:`ContextRestoreFailed` for that item alone.
 
 Context policy (``context_policy``): ``"roll"`` keeps stepping past the context length with a
 sink + window KV (``rolled`` is True on every step that evicted a frame, so the first True marks
@@ -36,6 +40,7 @@ import torch
 
 from models.duplex.codec import CodecStatePool, StreamingCodec
 from models.duplex.configs import FRAME_MS, FRAME_SAMPLES, SAMPLE_RATE, ContextPolicy, DuplexModelConfig
+from models.duplex.context import FrameTokens, TokenContext, TokenLog
 from models.duplex.graphs import BucketedStep, StepMode
 from models.duplex.kv_cache import KVGeometry, SlotKV, StepRows
 from models.duplex.lm import BOS, PAD, DuplexLM, text_piece
@@ -47,6 +52,7 @@ __all__ = [
     "SAMPLE_RATE",
     "SILENCE",
     "ContextExhausted",
+    "ContextRestoreFailed",
     "DuplexError",
     "DuplexInput",
     "DuplexInputError",
@@ -78,6 +84,13 @@ class DuplexStepFailed(DuplexError):
     code = "duplex_step_failed"
 
 
+class ContextRestoreFailed(DuplexError):
+    """A resumed session's context could not be rebuilt from its checkpoint (a malformed snapshot,
+    a model that restores nothing, a failed recompute); its slot is left empty."""
+
+    code = "context_restore_failed"
+
+
 class ContextExhausted(DuplexError):
     """The session reached the context length under policy ``"end"``; it cannot step further."""
 
@@ -92,6 +105,7 @@ class ContextExhausted(DuplexError):
 class DuplexInput:
     pcm: np.ndarray  # float32 (FRAME_SAMPLES,): the user's audio for this frame
     silent: bool = False  # True when the server filled the frame with silence (client gap)
+    restore: Any = None  # a ContextLog snapshot: rebuild the slot's context before this step
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +115,7 @@ class DuplexOutput:
     speaking: bool  # the model's listen/speak decision for this frame
     step: int  # 0-based index of this frame in the session's stream
     rolled: bool = False  # the KV rolled (sink + window) at this step
+    context: Any = None  # this step's share of the model's context, for the session's ContextLog
 
 
 log = logging.getLogger(__name__)
@@ -121,16 +136,35 @@ def check_frame(pcm: Any) -> DuplexInputError | None:
     return None
 
 
+def restored(item: StageItem, restore: Callable[[int, Any], None] | None) -> ContextRestoreFailed | None:
+    """Rebuild the item's slot context from its input's ``restore`` snapshot, if it has one
+    (``restore(slot, snapshot)``, None: the model restores nothing); its typed error if that fails."""
+    context = getattr(item.payload, "restore", None)
+    if context is None:
+        return None
+    if restore is None:
+        return ContextRestoreFailed("this model does not restore its context")
+    try:
+        restore(item.slot, context)  # type: ignore[arg-type]
+    except Exception as exc:
+        log.exception("duplex context restore failed")
+        return ContextRestoreFailed(f"{type(exc).__name__}: {exc}")
+    return None
+
+
 def step_ready(
     items: Sequence[StageItem],
     exhausted: Callable[[int], ContextExhausted | None],
     step: Callable[[Sequence[StageItem]], list[DuplexOutput | Exception]],
+    restore: Callable[[int, Any], None] | None = None,
 ) -> list[DuplexOutput | Exception]:
-    """The forward skeleton both duplex stages share: items with a bad frame or an exhausted
-    context (``exhausted(slot)``) get their typed error; the rest run in one ``step``."""
+    """The forward skeleton every duplex stage shares: items with a bad frame, a context restore
+    that failed (:func:`restored`) or an exhausted context (``exhausted(slot)``) get their typed
+    error; the rest run in one ``step``."""
     results: list[DuplexOutput | Exception | None] = []
     for item in items:
-        results.append(check_frame(getattr(item.payload, "pcm", None)) or exhausted(item.slot))  # type: ignore[arg-type]
+        pcm = getattr(item.payload, "pcm", None)
+        results.append(check_frame(pcm) or restored(item, restore) or exhausted(item.slot))  # type: ignore[arg-type]
     ready = [i for i, r in enumerate(results) if r is None]
     if ready:
         for i, out in zip(ready, step([items[i] for i in ready]), strict=True):
@@ -144,6 +178,11 @@ class DuplexStage:
     Per slot: the temporal KV (:class:`SlotKV`), the codec's encoder (user audio) and decoder
     (model audio) buffers (:class:`CodecStatePool`), the previous step's text and audio tokens,
     the sampling seed and the position. ``state_bytes`` counts all of them.
+
+    Context for checkpoints (``models/duplex/context.py``): each output carries its step's
+    :class:`FrameTokens`; a restore rebuilds the slot's KV, previous tokens and position from a
+    :class:`TokenContext` in one batched prefill of the kept frames (:meth:`DuplexLM.prefill`);
+    the codec's buffers start fresh (its first frames after a restore start from silence).
 
     ``step_mode`` (``models/duplex/graphs.py``): ``"eager"`` steps the batch's rows;
     ``"buckets"`` the bucketed form eagerly; ``"cuda_graphs"`` (CUDA only) replays the bucketed
@@ -210,19 +249,66 @@ class DuplexStage:
     def open_state(self, session_id: str, slot: int) -> str:
         """A fresh stream in ``slot``: empty KV, zero codec buffers, start tokens, step 0; the
         sampling seed derives from the stage seed and ``session_id`` (same id, same stream)."""
+        self._clear(slot)
+        self.seeds[slot] = zlib.crc32(f"{self.seed}:{session_id}".encode())
+        return session_id
+
+    def _clear(self, slot: int) -> None:
         self.kv.reset(slot)
         self.codec_state.reset(slot)
         self.prev_text[slot] = BOS
         self.prev_audio[slot] = self.lm.start_audio
-        self.seeds[slot] = zlib.crc32(f"{self.seed}:{session_id}".encode())
         self.steps[slot] = 0
-        return session_id
+
+    def context_log(self) -> TokenLog:
+        """A session's log of the token rows its KV can see (sink + window)."""
+        cfg = self.config
+        return TokenLog(cfg.sink, cfg.window, 1 + 2 * cfg.n_q)
 
     def release_state(self, session_id: str, slot: int, state: Any) -> None:
         self.steps[slot] = 0  # the row's content is dead; open_state clears it for the next user
 
     def forward(self, items: Sequence[StageItem]) -> list[DuplexOutput | Exception]:
-        return step_ready(items, self._exhausted, self._step)
+        return step_ready(items, self._exhausted, self._step, self._restore)
+
+    def _restore(self, slot: int, context: TokenContext) -> None:
+        """The slot continues the stream ``context`` was logged from: its KV rebuilt from the
+        kept frames' tokens in one prefill, its previous tokens and position restored, its codec
+        buffers fresh (the seed is the session id's already). All or nothing: a failure leaves
+        the slot cleared and raises."""
+        self._check(context)
+        try:
+            self._clear(slot)
+            frames = torch.from_numpy(context.frames).to(self.device)
+            shift = max(0, context.steps - self.config.context)  # the sink as the newest step sees it
+            positions = torch.where(frames < context.head, frames + shift, frames)
+            with torch.inference_mode():
+                if len(frames):
+                    inputs = torch.from_numpy(context.inputs).to(self.device, torch.long)
+                    self.lm.prefill(self.kv, slot, inputs, frames, positions)
+                outputs = torch.from_numpy(context.outputs).to(self.device, torch.long)
+                self.prev_text[slot] = outputs[0]
+                self.prev_audio[slot] = outputs[1:]
+            self.steps[slot] = context.steps
+        except Exception:
+            self._clear(slot)
+            raise
+
+    def _check(self, context: Any) -> None:
+        """Raise ``ValueError`` unless ``context`` is a :class:`TokenContext` this model can load:
+        its shapes, the sink rows then at most ``window`` newest ones, token ids in range."""
+        cfg = self.config
+        if not isinstance(context, TokenContext):
+            raise ValueError(f"expected a TokenContext, got {type(context).__name__}")
+        n, head, steps = len(context.inputs), context.head, context.steps
+        if context.inputs.shape != (n, 1 + 2 * cfg.n_q) or context.outputs.shape != (1 + cfg.n_q,):
+            raise ValueError(f"token rows of shape {context.inputs.shape} do not fit n_q {cfg.n_q}")
+        if head != min(cfg.sink, steps) or not 0 <= n - head <= min(cfg.window, steps - head):
+            raise ValueError(f"{n} rows ({head} sink) of {steps} steps do not fit sink {cfg.sink} + window")
+        high = np.array([cfg.text_vocab] + [cfg.codebook_size + 1] * cfg.n_q + [cfg.codebook_size] * cfg.n_q)
+        for tokens, bound in ((context.inputs, high), (context.outputs, high[: 1 + cfg.n_q])):
+            if (tokens < 0).any() or (tokens >= bound).any():
+                raise ValueError("token ids out of the model's vocabularies")
 
     def _exhausted(self, slot: int) -> ContextExhausted | None:
         cfg = self.config
@@ -243,20 +329,33 @@ class DuplexStage:
         with torch.inference_mode():
             state = self.codec_state.gather(slots)
             user, encoder = self.codec.encode(torch.from_numpy(pcm).to(self.device, self.dtype), state)
-            text_tokens, audio_tokens = self._lm_step(slot_list, steps, rows, user[:, :, 0])
+            codes = user[:, :, 0]
+            text_tokens, audio_tokens = self._lm_step(slot_list, steps, rows, codes)
             audio, decoder = self.codec.decode(audio_tokens[:, :, None], state)
             audio_np = audio.float().cpu().numpy()
-            text = text_tokens.cpu().tolist()
+            tokens = torch.cat(
+                [
+                    self.prev_text[slots][:, None],
+                    self.prev_audio[slots],
+                    codes,
+                    text_tokens[:, None],
+                    audio_tokens,
+                ],
+                dim=1,
+            )
+            tokens_np = tokens.to(torch.int32).cpu().numpy()  # one host copy: the texts and the context
             # commit: everything above succeeded
             self.codec_state.commit(slots, encoder, decoder)
             self.prev_text[slots] = text_tokens
             self.prev_audio[slots] = audio_tokens
         self.steps[slot_list] = steps + 1
+        split = 1 + 2 * self.config.n_q  # a row: the step's temporal inputs, then its outputs
         outputs: list[DuplexOutput | Exception] = [None] * len(items)  # type: ignore[list-item]
         for row, i in enumerate(order):
-            tok, step = text[row], int(steps[row])
+            tok, step = int(tokens_np[row, split]), int(steps[row])
             rolled = step >= self.config.context
-            outputs[i] = DuplexOutput(audio_np[row], text_piece(tok), tok != PAD, step, rolled)
+            frame = FrameTokens(tokens_np[row, :split], tokens_np[row, split:])
+            outputs[i] = DuplexOutput(audio_np[row], text_piece(tok), tok != PAD, step, rolled, frame)
         return outputs
 
     def _lm_step(

@@ -307,6 +307,7 @@ class DuplexService(KindServiceBase):
             max_input_frames=max(1, c.max_input_queue_ms // FRAME_MS),
             max_unapplied_steps=self.max_unapplied_steps(),
             silence=self.stage.silence,
+            context=self.stage.context_log(),
             media=self.media,
             opus_bitrate=c.opus_bitrate,
             on_failed=self._step_failed,

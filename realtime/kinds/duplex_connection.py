@@ -172,9 +172,9 @@ class DuplexHandler:
         """After the runner's step: the session's state to the replica's checkpointer (coalesced)."""
         checkpointer, ds = self.service.ctx.checkpointer, self.ds
         if checkpointer is not None and ds is not None and ds.owned_by(conn):
-            # within the store's bound per session, with room for the rest of the state
-            budget = self.service.ctx.config.replicas.checkpoint_max_bytes * 3 // 4
-            checkpointer.save(ds.session_id, "duplex", lambda: ds.state(budget))
+            # within the store's bound per session: 3/4 journal, 1/8 model context, 1/8 the rest
+            limit = self.service.ctx.config.replicas.checkpoint_max_bytes
+            checkpointer.save(ds.session_id, "duplex", lambda: ds.state(limit * 3 // 4, limit // 8))
 
     async def _over_budget(self, conn: Connection, rejected: Rejected) -> None:
         """The last invalid frame's error, ``too_many_invalid_frames``, then close 1008."""
@@ -237,8 +237,10 @@ class DuplexHandler:
 
     async def _restore(self, conn: Connection, item: dc.SessionResume) -> bool:
         """Resume a session of a gone replica from the checkpoint the session check found for it
-        (``realtime.scale.resume``): same id, epoch, token and journal; the model's context starts
-        empty. False when there is none to restore (the caller answers as for any unknown id)."""
+        (``realtime.scale.resume``): same id, epoch, token, journal and model context (the session
+        state exists before its engine slot opens, so the slot's first step rebuilds the context;
+        a rebuild that fails ends the session with ``context_restore_failed``). False when there
+        is none to restore (the caller answers as for any unknown id)."""
         checkpointer, checkpoint = self.service.ctx.checkpointer, restoring(conn.ws.scope)
         if checkpointer is None or checkpoint is None or checkpoint.session_id != item.session_id:
             return False
@@ -258,10 +260,10 @@ class DuplexHandler:
             return True
         checkpointer.adopt(checkpoint)
         session.continue_from(state.epoch)
-        assert self.service.engine is not None
-        await self.service.engine.open(session.session_id)
         ds = self.ds = self.service.new_session(conn, self.handshake, self.config)
         ds.restore(state, item.last_received_server_event_seq)
+        assert self.service.engine is not None
+        await self.service.engine.open(session.session_id)
         ds.resume(conn, item.last_received_server_event_seq, opus=self.audio == OPUS)
         return True
 

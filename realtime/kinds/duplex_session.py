@@ -10,7 +10,8 @@ item at a time, and none of them awaits. The frame clock never changes the sessi
 channels, each with one writer and one reader:
 
 - input: the owner pushes the client's frames into :class:`InputFrames`; the clock's silence
-  callback pops the next one (:meth:`DuplexSession.next_input`), or steps on silence;
+  callback pops the next one (:meth:`DuplexSession.next_input`), or steps on silence; a session
+  restored from a checkpoint hands its model context to the stage on its first input, once;
 - output: the clock's ``on_output`` callback puts each step's output into the bounded
   :class:`StepInbox` (:meth:`DuplexSession.deliver`) and wakes the owner with one :class:`Flush`
   item (the attachment's ``flush_posted`` flag, the channel's own); the owner applies the outputs
@@ -22,6 +23,10 @@ ownership, replays the journal, then applies them in order (their events were ne
 item a replaced connection's runner still holds finds the session no longer its own
 (:meth:`DuplexSession.owned_by`) and is dropped.
 
+The model's context (``models/duplex/context.py``): each applied output's share of it goes into
+the session's bounded ``ContextLog`` (the stage made it), which checkpoints take a snapshot of;
+the session never reads the model's device state.
+
 Every server event is rendered once with the next ``server_event_seq`` and the current ``epoch``
 and kept in the journal; while a socket is attached it is also queued for that socket. Audio and
 transcript deltas are queued with their epoch, so the connection's writer drops them once a
@@ -31,6 +36,7 @@ not read delays only its own runner, never the clock.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -39,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from models.duplex.context import ContextLog
 from models.duplex.stage import FRAME_SAMPLES, DuplexInput, DuplexOutput
 from realtime.connection import Connection
 from realtime.protocols.duplex import events as de
@@ -177,6 +184,7 @@ class DuplexSession:
         max_input_frames: int,
         max_unapplied_steps: int,
         silence: Callable[[], DuplexInput],
+        context: ContextLog | None,
         media: Executor,
         opus_bitrate: int,
         on_failed: Callable[[DuplexSession, Exception], None],
@@ -191,6 +199,8 @@ class DuplexSession:
         self.inbox = StepInbox(max_unapplied_steps)
         self.resume_token = new_token()
         self.step = 0  # the model's last step index
+        self.context = context  # the model's context as the applied outputs logged it (None: not kept)
+        self._pending_context: object | None = None  # a checkpoint's, for the stage's next input
         self._attachment: Attachment | None = None
         self._silence = silence
         self._media = media
@@ -220,10 +230,15 @@ class DuplexSession:
 
     # -- the frame clock's side (hand-off channels only: see the module docstring) ----------
     def next_input(self) -> DuplexInput:
-        """The next frame the clock steps this session on: the client's, else silence (counted)."""
+        """The next frame the clock steps this session on: the client's, else silence (counted);
+        the first after :meth:`restore` carries the checkpoint's model context."""
         pcm = self.frames.pop()
         self._on_frame(pcm is None)
-        return self._silence() if pcm is None else DuplexInput(pcm)
+        frame = self._silence() if pcm is None else DuplexInput(pcm)
+        if self._pending_context is not None:
+            frame = dataclasses.replace(frame, restore=self._pending_context)
+            self._pending_context = None
+        return frame
 
     def deliver(self, out: DuplexOutput | StepFailed) -> bool:
         """Hand one step's output to the owner (woken with a :class:`Flush` while attached);
@@ -248,6 +263,8 @@ class DuplexSession:
             self._on_failed(self, out.error)
             return
         self.step = out.step
+        if self.context is not None and out.context is not None:
+            self.context.add(out.context)
         speaks = out.speaking and not self.turns.muted
         opus = self.attachment is not None and self.attachment.opus
         audio = b"" if not speaks or opus else pcm16_bytes(out.pcm)
@@ -344,22 +361,28 @@ class DuplexSession:
         replayed = len(entries) + self.journal.last_seq - before
         self.emit([de.SessionResumed(self.session_id, self.resume_token, replayed)])
 
-    def state(self, max_journal_bytes: int) -> DuplexState:
+    def state(self, max_journal_bytes: int, max_context_bytes: int) -> DuplexState:
         """What a checkpoint keeps of this session (``realtime.scale.resume``): the newest
-        ``max_journal_bytes`` of its journal (a resume from before them is a gap: resync)."""
+        ``max_journal_bytes`` of its journal (a resume from before them is a gap: resync) and
+        about ``max_context_bytes`` of its model's context (the newest part)."""
         last_seq, trimmed_to, entries = self.journal.snapshot(max_journal_bytes)
+        context = self.context.snapshot(max_context_bytes) if self.context is not None else None
         return DuplexState(
-            self.resume_token, self.epoch, self.turns.conversation_id, last_seq, trimmed_to, entries
+            self.resume_token, self.epoch, self.turns.conversation_id, last_seq, trimmed_to, entries, context
         )
 
     def restore(self, state: DuplexState, cursor: int) -> None:
         """Continue the session ``state`` was taken of (its id and epoch are the ``Session``'s):
-        its journal, resume token and conversation id. The model's context starts empty. Events
+        its journal, resume token, conversation id and model context (logged here at once; the
+        stage rebuilds it with the session's first input, before its engine slot steps). Events
         the client got after the checkpoint (its ``cursor`` is past it) are not in it: seqs go on
         after the cursor, so none is reused."""
         self.journal.restore(max(state.last_seq, cursor), state.trimmed_to, state.entries)
         self.resume_token = state.resume_token
         self.turns.conversation_id = state.conversation_id
+        if state.model_context is not None and self.context is not None:
+            self.context.restore(state.model_context)
+            self._pending_context = state.model_context
 
     def replaced_frame(self) -> str | None:
         """``session.replaced`` for the socket a resume took the session from (not journaled)."""

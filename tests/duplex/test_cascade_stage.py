@@ -4,15 +4,17 @@ the e2e module's server when they run in one process)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
+from models.duplex.cascade import ChatContext
 from models.duplex.stage import FRAME_SAMPLES, SAMPLE_RATE, DuplexInput, DuplexInputError, DuplexOutput
 from models.stage import StageItem
-from models.voice.llm import UnknownConversation
+from models.voice.llm import ChatMessage, UnknownConversation
 from realtime.config import DuplexConfig
 from realtime.kinds.duplex_model import build_stage
 from tests.voice.speech import spoken_24k
@@ -150,3 +152,33 @@ def test_release_during_a_reply_stops_it_and_frees_the_conversation(stage) -> No
     with pytest.raises(UnknownConversation):
         stage.parts.chat.last_usage("r")
     assert stage.sessions[1] is None
+
+
+def test_a_restored_session_remembers_the_conversation_and_answers_with_it(stage, monkeypatch) -> None:
+    before = (ChatMessage("user", "My name is Ada."), ChatMessage("assistant", "Nice to meet you, Ada."))
+    asked: list[tuple[ChatMessage, ...]] = []
+    reply_chunks = stage.llm.reply_chunks
+
+    def recording(session_id, request, stop):  # noqa: ANN001, ANN202 (the LLM stage's own)
+        asked.append(request.messages)
+        return reply_chunks(session_id, request, stop)
+
+    monkeypatch.setattr(stage.llm, "reply_chunks", recording)
+    stage.open_state("k", 3)
+    session = stage.sessions[3]
+    try:
+        first = dataclasses.replace(stage.silence(), restore=ChatContext(before))
+        (out,) = stage.forward([StageItem("k", 0, first, slot=3)])
+        assert isinstance(out, DuplexOutput) and session.history == list(before)
+        session.last_thread.join(30)
+        assert asked[0][:2] == before, "the restored conversation's prompt is prefilled at once"
+        carried = []
+        for out in clocked(stage, "k", 3, iter([*said("What is my name?"), *silence()])):
+            carried += [out.context] if out.context is not None else []
+            if session.reply is not None and session.reply.committed:
+                break
+        question = session.history[-1]
+        assert question.role == "user" and asked[-1] == (*before, question), "the reply is asked with it"
+        assert carried[-1] == ChatContext((*before, question)), "the session's log goes on from it"
+    finally:
+        stage.release_state("k", 3, None)
