@@ -69,6 +69,19 @@ class HeldBlock:
     prompt: str | None
 
 
+def restorable(cfg: WorldModelConfig, held: Sequence[HeldBlock]) -> bool:
+    """Whether ``held`` can rebuild a session of a model of ``cfg`` (a replica serving another
+    model shape could have written them): the resident blocks of the block after the last, each
+    latent of ``cfg``'s block shape."""
+    shape = (cfg.frames_per_block, cfg.latent_channels, cfg.latent_height, cfg.latent_width)
+    blocks = tuple(h.block for h in held)
+    return (
+        bool(held)
+        and blocks == resident_blocks(cfg, blocks[-1] + 1)
+        and all(tuple(h.latent.shape) == shape for h in held)
+    )
+
+
 def resident_blocks(cfg: WorldModelConfig, next_block: int) -> tuple[int, ...]:
     """The blocks with frames in a session's KV before block ``next_block`` (``kv_cache``'s sink
     and window), in order: what a restore rebuilds it from."""

@@ -44,7 +44,7 @@ from models.world.configs import CONFIGS, WEIGHTS_DIR, WorldModelConfig, read_co
 from models.world.controls import CONTROL_SCHEMAS, validate_control
 from models.world.kv_cache import KVGeometry
 from models.world.memory import decoder_state_bytes, fixed_bytes
-from models.world.model import HeldBlock, WorldModel, WorldTick, resident_blocks
+from models.world.model import HeldBlock, WorldModel, WorldTick, resident_blocks, restorable
 from models.world.profiling import OFF, DeviceProfiler
 from models.world.stage import WorldBlockStage, WorldDecodeStage, world_input
 from models.world.text_encoder import (
@@ -482,6 +482,9 @@ class _WorldHandler:
         wc = self.service.config
         self.start = cmd
         held = restored[1].held if restored is not None else ()
+        if held and not restorable(self.service.model.cfg, held):  # type: ignore[union-attr]
+            log.warning("world checkpoint of another model shape: the session restarts from its seed")
+            held = ()
         self.held = {h.block: h for h in held}
         self.payload = WorldTickPayload(
             cmd.seed, cmd.prompt, MediaSettings(cmd.format, cmd.fps, wc.jpeg_quality), held
@@ -526,8 +529,7 @@ class _WorldHandler:
         def state() -> WorldState:
             held = tuple(self.held[b] for b in sorted(self.held))
             chunks = held[-1].block + 1 if held else 0
-            whole = tuple(h.block for h in held) == resident_blocks(cfg, chunks)
-            if not whole or sum(h.latent.nbytes for h in held) > room:
+            if not restorable(cfg, held) or sum(h.latent.nbytes for h in held) > room:
                 held = ()
             controls = tuple(session.controls.values())
             return WorldState(start, session.prompt, controls, session.epoch, chunks, held)

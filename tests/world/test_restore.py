@@ -4,12 +4,14 @@ exact while no frame had left the window, within 0.5 % after."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from models.stage import StageItem
 from models.world.configs import SELF_FORCING, TEST
-from models.world.model import HeldBlock, WorldModel, WorldTick, resident_blocks
+from models.world.model import HeldBlock, WorldModel, WorldTick, resident_blocks, restorable
 from models.world.stage import WorldBlockInput, WorldBlockStage, WorldDecodeStage
 from tests.world.helpers import action, make_model, tick
 
@@ -105,3 +107,15 @@ def test_a_restore_on_cuda_with_graphs_rebuilds_what_the_graphed_session_holds()
     next_there = model.generate([tick(model, "there", 3, "stone maze")])[0]
     next_here = model.generate([tick(model, "here", 3, "stone maze")])[0]
     torch.testing.assert_close(next_here, next_there, rtol=0, atol=0)
+
+
+def test_only_the_resident_blocks_of_the_models_shape_are_restorable():
+    model = make_model(slots=1)
+    model.open("there", seed=1)
+    history = _rollout(model, "there", 4, ["stone maze"] * 4)
+    kept = [history[b] for b in resident_blocks(model.cfg, 4)]
+    assert restorable(model.cfg, kept)
+    assert not restorable(model.cfg, [])
+    assert not restorable(model.cfg, history)  # block 1 had left the window
+    other = dataclasses.replace(model.cfg, latent_channels=model.cfg.latent_channels + 1)
+    assert not restorable(other, kept)  # written by a replica serving another shape
