@@ -21,6 +21,7 @@ from openai import AsyncOpenAI
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from clients.world_client import WorldClient
+from models.world.configs import CONFIGS
 from realtime.bench import examples
 from realtime.scale.proxy import LOST_CODE, LOST_REASON
 from sessions.identities import session_replica_tag
@@ -239,6 +240,31 @@ async def duplex_per_replica(cluster) -> list[tuple[websockets.ClientConnection,
     return await one_per_replica(open_one, lambda o: o[1], close)
 
 
+async def world_chunk(ws) -> dict:
+    """The next chunk's metadata of a world socket (its media frames skipped)."""
+    while True:
+        message = await asyncio.wait_for(ws.recv(), 30)
+        if isinstance(message, str) and json.loads(message)["type"] == "chunk.metadata":
+            return json.loads(message)
+
+
+async def world_per_replica(cluster) -> list[tuple[websockets.ClientConnection, str, int]]:
+    """A playing world session on each replica: (its socket, its id, the last chunk index read)."""
+
+    async def open_one():  # noqa: ANN202
+        ws = await websockets.connect(f"{cluster.ws}/v1/realtime/world?protocol_version=1")
+        await ws.send(
+            json.dumps({"type": "session.start", "prompt": "stone", "seed": 4, "pacing": "realtime"})
+        )
+        return ws, (await until(ws, "session.created"))["session_id"]
+
+    async def close(opened) -> None:  # noqa: ANN001
+        await opened[0].close()
+
+    worlds = await one_per_replica(open_one, lambda o: o[1], close)
+    return [(ws, sid, [await world_chunk(ws) for _ in range(3)][-1]["chunk_index"]) for ws, sid in worlds]
+
+
 async def voice_with_an_item(openai: AsyncOpenAI, stack: contextlib.AsyncExitStack, text: str) -> tuple:
     """A voice session (the unmodified OpenAI client) holding one user item saying ``text``:
     (its id, the connection, the connection's event iterator). The SDK reconnects by itself on
@@ -266,6 +292,7 @@ async def voice_with_an_item(openai: AsyncOpenAI, stack: contextlib.AsyncExitSta
 
 async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resume_on_the_other(cluster):
     sockets = await duplex_per_replica(cluster)  # each holds 2: the survivor has room for the lost one
+    worlds = await world_per_replica(cluster)
     robots = [await asyncio.to_thread(WebsocketClientPolicy, cluster.ws) for _ in range(2)]
     openai = AsyncOpenAI(websocket_base_url=f"{cluster.ws}/v1", api_key="unused")
     async with contextlib.AsyncExitStack() as voices:
@@ -285,7 +312,7 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resum
             cursors[sid] = max(e["server_event_seq"] for e in await events_after(ws, 0.3))
         await asyncio.sleep(0.5)  # > replicas.checkpoint_interval_s: the newest state is stored
         victim = cluster.status()["replicas"][0]
-        watchers = {sid: asyncio.create_task(watch(ws)) for ws, sid, _ in sockets}
+        watchers = {sid: asyncio.create_task(watch(ws)) for ws, sid, _ in [*sockets, *worlds]}
         os.kill(victim["pid"], signal.SIGKILL)
         lost = [(sid, token) for _, sid, token in sockets if session_replica_tag(sid) == victim["replica"]]
         kept = [sid for _, sid, _ in sockets if session_replica_tag(sid) != victim["replica"]]
@@ -300,6 +327,19 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resum
         replayed = [await asyncio.wait_for(anext(events), 30) for _ in range(3)]
         items = [e.item for e in replayed if e.type == "conversation.item.done"]
         assert [i.content[0].text for i in items] == ["remember this"], replayed
+    # the lost world session goes on on the other replica after the chunks it sent, its model state
+    # rebuilt from the blocks it held (a later block's frames: the decoder's cache goes on too)
+    (lost_world, read) = next(
+        (sid, read) for _, sid, read in worlds if session_replica_tag(sid) == victim["replica"]
+    )
+    assert await asyncio.wait_for(watchers[lost_world], 30) == (LOST_CODE, LOST_REASON)
+    url = f"{cluster.ws}/v1/realtime/world?protocol_version=1&session_id={lost_world}"
+    async with websockets.connect(url) as ws:
+        await ws.send(json.dumps({"type": "session.start", "prompt": "sand", "pacing": "fast"}))
+        assert (await until(ws, "session.created"))["session_id"] == lost_world
+        first = await world_chunk(ws)
+        assert first["chunk_index"] > read and first["first_frame_index"] == 0
+        assert first["frame_count"] == CONFIGS[CONFIG["world"]["model"]].frames_for_block(False)
     # each lost duplex session resumes on the other replica: same id, its journal replayed
     # from the client's cursor (what the client had read before the last checkpoint)
     for sid, token in lost:
@@ -308,7 +348,8 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resum
         seqs = [e["server_event_seq"] for e in replay]
         assert seqs == list(range(cursors[sid] + 1, cursors[sid] + 1 + len(seqs)))
     assert sorted(cluster.occupied("duplex").values())[-1] == 2, "the lost session lives on the other"
-    assert not any(watchers[sid].done() for sid in kept), "the other replica's sessions go on"
+    kept_world = next(sid for _, sid, _ in worlds if sid != lost_world)
+    assert not any(watchers[sid].done() for sid in [*kept, kept_world]), "the other replica's sessions go on"
     served = 0
     for robot in robots:  # one robot was on the lost replica; its socket is closed
         with contextlib.suppress(Exception):
@@ -322,7 +363,7 @@ async def test_losing_a_replica_fails_only_its_sessions_with_1012_and_they_resum
         1008,
         f"session_not_found: {unknown} (its replica is gone)",
     )
-    for ws, _, _ in sockets:
+    for ws, _, _ in [*sockets, *worlds]:
         await ws.close()
     for robot in robots:
         with contextlib.suppress(Exception):
