@@ -268,7 +268,8 @@ async def until_type(ws, kind: str) -> dict:
 async def test_a_world_session_goes_on_on_another_replica_from_its_last_sent_chunk(replica):
     """The checkpoint holds the blocks the session's KV held after the last chunk it sent (each
     with its action and prompt); the other replica rebuilds the model's state from them and the
-    session goes on at the next chunk, a later block's frames, its prompt and controls intact
+    session goes on at the next chunk, a later block's frames (fMP4: a new stream, init segment
+    first), its prompt and controls intact
     (the model's side is exact while nothing left the window: tests/world/test_restore.py)."""
     store, tagged = replica
     config = config_from_mapping(
@@ -284,7 +285,13 @@ async def test_a_world_session_goes_on_on_another_replica_from_its_last_sent_chu
         async with websockets.connect(
             url.replace("http", "ws") + "/v1/realtime/world?protocol_version=1"
         ) as ws:
-            start = {"type": "session.start", "prompt": "stone", "seed": 5, "pacing": "fast"}
+            start = {
+                "type": "session.start",
+                "prompt": "stone",
+                "seed": 5,
+                "pacing": "fast",
+                "format": "fmp4",
+            }
             await ws.send(json.dumps(start))
             sid = (await until_type(ws, "session.created"))["session_id"]
             event = {"type": "session.event", "event_id": 1, "prompt": "ice", "controls": [keys]}
@@ -311,6 +318,8 @@ async def test_a_world_session_goes_on_on_another_replica_from_its_last_sent_chu
             first = await until_type(ws, "chunk.metadata")
             assert first["chunk_index"] == held.chunks and f"-{held.chunks}-" in first["request_id"]
             assert first["frame_count"] == cfg.frames_for_block(False)  # the decoder's cache goes on
+            assert first["format"] == "fmp4" and first["init_segment_bytes"] > 0  # a new media stream
+            assert first["first_frame_index"] == 0
             await world_chunks(ws, 1)
 
 
