@@ -27,12 +27,20 @@ Each figure is the device time per call: 50 calls queued back to back between tw
 (a single call between events measures the launch, not the kernel). FlexAttention candidates were
 tried once and dropped: that run (2026-12-06, H100) printed nothing within 300 s.
 
-Usage on the device machine: ``python3 realtime/bench/gpu/pi0_attention.py``.
+Before the timings, ``layouts`` checks FlashAttention-3's variable-length kernel (where the
+``fa3-fwd`` wheel is installed) over the model's own buffer layout, which the timings above do not
+use: rows ``[actions | state | prefix]``, each batch row's keys starting at an offset into its
+row (so the last ``cu_seqlens_k`` entry lies past the flattened buffer), one query for pi0's
+state token, head dims 16 (pi0-tiny, the CI size) to 256 (the real one). It prints the max abs
+error of each call against SDPA over exactly the keys the call must read.
+
+Usage on the device machine: ``python3 realtime/bench/gpu/pi0_attention.py [--layouts-only]``.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -194,8 +202,67 @@ class _Checked:
         return self.fn()
 
 
+def layouts() -> None:
+    """FlashAttention-3's variable-length kernel against SDPA over the model's buffer layout (see
+    the module's docstring), for each head dim, query count, offset, split and packing choice."""
+    try:
+        from fa3_fwd_interface import flash_attn_varlen_func
+    except ImportError:
+        print("layouts: fa3-fwd not installed; skipped")
+        return
+    dev, dt, batch, H, S, P = "cuda", torch.bfloat16, 3, 50, 1, 130
+    L = H + S + P
+    lengths = torch.tensor([P - 40, P, 17], dtype=torch.int32, device=dev)
+    for head_dim, heads in ((16, 4), (64, 8), (128, 8), (256, 8)):
+        keys = torch.randn(batch, L, 1, head_dim, device=dev, dtype=dt)
+        values = torch.randn(batch, L, 1, head_dim, device=dev, dtype=dt)
+        errors = []
+        for name, queries, offset, extra in (
+            ("prefix", P, H + S, 0),
+            ("state", S, H, S),
+            ("actions", H, 0, H + S),
+        ):
+            used = lengths + extra
+            q = torch.randn(batch, queries, heads, head_dim, device=dev, dtype=dt)
+            rows = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+            expected = torch.cat(
+                [
+                    F.scaled_dot_product_attention(
+                        q[b : b + 1].transpose(1, 2),
+                        keys[b : b + 1, offset : offset + int(used[b])].transpose(1, 2),
+                        values[b : b + 1, offset : offset + int(used[b])].transpose(1, 2),
+                        enable_gqa=True,
+                    ).transpose(1, 2)
+                    for b in range(batch)
+                ]
+            ).float()
+            for splits, pack in ((0, None), (1, False), (1, True), (4, True)):
+                try:
+                    got = flash_attn_varlen_func(
+                        q.reshape(batch * queries, heads, head_dim),
+                        keys.view(batch * L, 1, head_dim),
+                        values.view(batch * L, 1, head_dim),
+                        rows * queries,
+                        rows * L + offset,
+                        queries,
+                        L - offset,
+                        seqused_k=used,
+                        num_splits=splits,
+                        pack_gqa=pack,
+                    )
+                    got = (got[0] if isinstance(got, tuple) else got).float().view(expected.shape)
+                    err = f"{(got - expected).abs().max().item():.4f}"
+                except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                    err = f"raised {str(exc).splitlines()[0][:80]}"
+                errors.append(f"{name} s{splits} pack={pack}: {err}")
+        print(f"layouts head_dim {head_dim} x {heads} heads: " + "; ".join(errors), flush=True)
+
+
 def main() -> None:
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
+    layouts()
+    if "--layouts-only" in sys.argv:
+        return
     for batch in (1, 8):
         for shape, (queries, keys) in SHAPES.items():
             row = []
