@@ -17,11 +17,12 @@ additive key-padding bias as the model builds it), median of CUDA-event timings 
 - ``flash2 varlen``: what the model runs today (``models.policy.pi0.attend``): FlashAttention-2's
   variable-length kernel in torch over the K/V buffers as they lie (``[B, L, 1, 256]``, each
   row's keys one run: ``cu_seqlens`` and ``seqused_k``, no mask);
+- ``flash2 varlen splitS``: the same kernel with each row's keys in S parts run as S sequences
+  of one call (the queries repeated per part) and merged by log-sum-exp (:func:`flash2_split`);
 - ``flash3 varlen auto``: FlashAttention-3's own choice of both (``num_splits=0``,
   ``pack_gqa=None``); ``flash3 varlen sS [pack]``: FlashAttention-3's (the ``fa3-fwd`` wheel, where installed) over
   the same buffers, its keys in S splits merged by its own combine kernel, ``pack`` with the 8
-  query heads of the one K/V head packed into its query tiles (``pack_gqa``). Candidates only:
-  ``robot.attention: flash3`` was withdrawn from the model (docs/models.md).
+  query heads of the one K/V head packed into its query tiles (``pack_gqa``).
 
 Each figure is the device time per call: 50 calls queued back to back between two CUDA events
 (a single call between events measures the launch, not the kernel). FlexAttention candidates were
@@ -165,6 +166,8 @@ def varlen_candidates(q, k, v, valid) -> dict[str, object]:
             qv, kv, vv, q_starts, k_starts, queries, keys, 0.0, False, False, seqused_k=used
         )[0]
     }
+    for splits in (2, 4, 8):
+        out[f"flash2 varlen split{splits}"] = lambda s=splits: flash2_split(qv, kv, vv, keys, used, s)
     try:
         from fa3_fwd_interface import flash_attn_varlen_func
     except ImportError:
@@ -190,6 +193,36 @@ def varlen_candidates(q, k, v, valid) -> dict[str, object]:
             out[name] = f"unavailable ({str(exc).splitlines()[0][:60]})"
     # already checked above: the masked reference does not apply to them
     return {name: (fn if isinstance(fn, str) else _Checked(fn)) for name, fn in out.items()}
+
+
+def flash2_split(qv, kv, vv, rows: int, used, splits: int):
+    """Flash-decoding's split-KV on FlashAttention-2's variable-length kernel in torch: each batch
+    row's keys (``used[b]`` of its ``rows``-row run in ``kv``/``vv`` ``[B * rows, 1, D]``) cut
+    into ``splits`` parts run as ``B * splits`` sequences of one call (the queries repeated per
+    part: ``splits`` times the CTAs, each walking a part of the keys), the parts' outputs merged
+    by their log-sum-exps. An empty part's log-sum-exp counts as minus infinity."""
+    total, heads, dim = qv.shape
+    batch = used.shape[0]
+    queries, part = total // batch, -(-rows // splits)
+    qs = qv.view(batch, 1, queries, heads, dim).expand(batch, splits, queries, heads, dim)
+    qs = qs.reshape(batch * splits * queries, heads, dim)
+    s = torch.arange(splits, dtype=torch.int32, device=qv.device)
+    b = torch.arange(batch, dtype=torch.int32, device=qv.device)
+    starts = (b[:, None] * rows + s[None] * part).reshape(-1)
+    k_starts = torch.cat([starts, starts[-1:] + part])
+    lengths = (used[:, None] - s[None] * part).clamp(0, part).to(torch.int32).reshape(-1)
+    q_starts = torch.arange(batch * splits + 1, dtype=torch.int32, device=qv.device) * queries
+    out, lse = torch.ops.aten._flash_attention_forward(
+        qs, kv, vv, q_starts, k_starts, queries, part, 0.0, False, False, seqused_k=lengths
+    )[:2]
+    if lse.dim() == 2:  # [H, total queries] (unpadded)
+        lse = lse.reshape(heads, batch, splits, queries).permute(1, 2, 3, 0)  # [B, S, T, H]
+    else:  # [sequences, H, max queries]
+        lse = lse.reshape(batch, splits, heads, queries).transpose(2, 3)
+    lse = lse.masked_fill((lengths == 0).view(batch, splits, 1, 1), float("-inf"))
+    weights = torch.softmax(lse.float(), dim=1)[..., None]
+    merged = (out.view(batch, splits, queries, heads, dim).float() * weights).sum(1)
+    return merged.to(qv.dtype).reshape(total, heads, dim)
 
 
 class _Checked:
