@@ -171,59 +171,22 @@ class KeySpan(NamedTuple):
     """The keys one kind of call attends in the K/V buffers ``[B, L, kv_heads, head_dim]``, whose
     rows hold ``[actions | state | prefix]`` with the prefix's valid tokens first: batch row
     ``b`` attends rows ``[offset, offset + lengths[b])``, one contiguous run, so no mask is needed.
-    ``kernel`` is the one :func:`attend` runs (:meth:`Pi0.attention_kernel`).
-
-    For FlashAttention-2's kernel each row's run is cut into ``splits`` parts of ``part`` rows
-    (flash-decoding's split-KV, :func:`key_splits`), each part one sequence of the flattened
-    batch: ``query_starts`` (``i * T``), ``key_starts`` (``b * L + offset + s * part``) and
-    ``part_lengths`` (the part's share of ``lengths[b]``, possibly 0) are its ``cu_seqlens`` and
-    ``seqused_k`` over the ``B * splits`` sequences, ``b``-major."""
+    ``query_starts`` (``b * T``) and ``key_starts`` (``b * L + offset``) are FlashAttention's
+    ``cu_seqlens`` over the flattened batch; ``kernel`` is the one :func:`attend` runs
+    (:meth:`Pi0.attention_kernel`)."""
 
     offset: int
     lengths: torch.Tensor  # [B] int32
+    query_starts: torch.Tensor  # [B + 1] int32
+    key_starts: torch.Tensor  # [B + 1] int32
     kernel: Attention
-    splits: int
-    query_starts: torch.Tensor  # [B * splits + 1] int32
-    key_starts: torch.Tensor  # [B * splits + 1] int32
-    part_lengths: torch.Tensor  # [B * splits] int32
 
     @classmethod
     def of(
-        cls,
-        lengths: torch.Tensor,
-        queries: int,
-        buffer_rows: int,
-        offset: int,
-        kernel: Attention,
-        splits: int = 1,
+        cls, lengths: torch.Tensor, queries: int, buffer_rows: int, offset: int, kernel: Attention
     ) -> KeySpan:
-        part = -(-(buffer_rows - offset) // splits)
-        b = torch.arange(lengths.shape[0], dtype=torch.int32, device=lengths.device)
-        s = torch.arange(splits, dtype=torch.int32, device=lengths.device)
-        starts = (b[:, None] * buffer_rows + offset + s * part).flatten()
-        sequences = torch.arange(starts.shape[0] + 1, dtype=torch.int32, device=lengths.device)
-        return cls(
-            offset,
-            lengths.to(torch.int32),
-            kernel,
-            splits,
-            sequences * queries,
-            torch.cat([starts, starts[-1:] + part]),
-            (lengths[:, None] - s * part).clamp(0, part).to(torch.int32).flatten(),
-        )
-
-
-def key_splits(batch: int, heads: int, queries: int, keys: int, multiprocessors: int) -> int:
-    """How many parts FlashAttention-2's kernel cuts each row's keys into (:class:`KeySpan`).
-
-    Its grid is one CTA per 128 query rows per head per batch row (head dims up to 256 on sm80
-    and sm90), each walking all the row's keys: an action step at batch 1 (8 heads x 50 queries
-    over ~580 keys) is 8 CTAs on a GPU of 132 multiprocessors, a LIBERO prefix 40. Splitting the
-    keys multiplies the CTAs by the parts (each part at least 128 keys, at most 8 parts) while
-    they still fit one wave; the parts are merged by their log-sum-exps. Calls that already fill
-    the GPU (large batches) stay whole."""
-    ctas = batch * heads * -(-queries // 128)
-    return max(1, min(multiprocessors // ctas, keys // 128, 8))
+        rows = torch.arange(lengths.shape[0] + 1, dtype=torch.int32, device=lengths.device)
+        return cls(offset, lengths.to(torch.int32), rows * queries, rows * buffer_rows + offset, kernel)
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, span: KeySpan) -> torch.Tensor:
@@ -237,29 +200,20 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, span: KeyS
     B, T, nh, hd = q.shape
     L, nkv = keys.shape[1], keys.shape[2]
     if span.kernel == "flash2" and not torch.is_grad_enabled():
-        S = span.splits
-        y, lse = torch.ops.aten._flash_attention_forward(
-            q[:, None].expand(B, S, T, nh, hd).reshape(B * S * T, nh, hd),
+        y = torch.ops.aten._flash_attention_forward(
+            q.reshape(B * T, nh, hd),
             keys.view(B * L, nkv, hd),
             values.view(B * L, nkv, hd),
             span.query_starts,
             span.key_starts,
             T,
-            -(-(L - span.offset) // S),
+            L - span.offset,
             0.0,
             False,
             False,
-            seqused_k=span.part_lengths,
-        )[:2]
-        if S == 1:
-            return y.view(B, T, nh * hd)
-        # the parts merged by their log-sum-exps ([heads, sequences * T]); an empty part's
-        # (FlashAttention writes +inf there) weighs nothing
-        lse = lse.view(nh, B, S, T).permute(1, 2, 3, 0)
-        lse = lse.masked_fill((span.part_lengths == 0).view(B, S, 1, 1), float("-inf"))
-        weights = torch.softmax(lse, dim=1)[..., None]
-        y = (y.view(B, S, T, nh, hd).float() * weights).sum(1)
-        return y.to(q.dtype).view(B, T, nh * hd)
+            seqused_k=span.lengths,
+        )[0]
+        return y.view(B, T, nh * hd)
     keys, values = keys[:, span.offset :].transpose(1, 2), values[:, span.offset :].transpose(1, 2)
     valid = torch.arange(keys.shape[2], device=q.device) < span.lengths[:, None]
     bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device).masked_fill(~valid, float("-inf"))
@@ -517,8 +471,7 @@ class Pi0(nn.Module):
         kv = [
             tuple(emb.new_empty(B, rows, c.n_kv_head, c.head_dim) for _ in "kv") for _ in self.prefix_layers
         ]
-        splits = self._key_splits(B, kernel)
-        x, span = pack_valid_first(emb, mask), KeySpan.of(valid, P, rows, H + S, kernel, splits(P, P))
+        x, span = pack_valid_first(emb, mask), KeySpan.of(valid, P, rows, H + S, kernel)
         for layer, buffers in zip(self.prefix_layers, kv, strict=True):
             x = layer(x, rotary, buffers, H + S, span)
         suffix_positions = valid[:, None] + torch.arange(S + H, device=mask.device)
@@ -526,19 +479,11 @@ class Pi0(nn.Module):
         if S:  # pi0's state token: attends the prefix and itself, never the actions
             x, span = (
                 self.state_proj(state.float())[:, None, :].to(emb.dtype),
-                KeySpan.of(valid + S, S, rows, H, kernel, splits(S, P + S)),
+                KeySpan.of(valid + S, S, rows, H, kernel),
             )
             for layer, buffers in zip(self.expert_layers, kv, strict=True):
                 x = layer(x, (cos[:, :S], sin[:, :S]), buffers, H, span)
-        action_span = KeySpan.of(valid + S + H, H, rows, 0, kernel, splits(H, rows))
-        return PrefixCache(kv, action_span, (cos[:, S:], sin[:, S:]))
-
-    def _key_splits(self, batch: int, kernel: Attention) -> Callable[[int, int], int]:
-        """``(queries, keys) -> parts`` for this batch's calls (:func:`key_splits`; 1 off flash2)."""
-        if kernel != "flash2":
-            return lambda queries, keys: 1
-        sms = torch.cuda.get_device_properties(self.token_embedding.weight.device).multi_processor_count
-        return lambda queries, keys: key_splits(batch, self.config.n_head, queries, keys, sms)
+        return PrefixCache(kv, KeySpan.of(valid + S + H, H, rows, 0, kernel), (cos[:, S:], sin[:, S:]))
 
     def velocity(self, cache: PrefixCache, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The action expert: v(x_t, t) ``[B, H, action_dim]`` float32 given the cached prefix."""

@@ -12,7 +12,7 @@ import torch
 from models.cuda_graphs import buckets
 from models.policy.checkpoint import model_config
 from models.policy.checkpoint_writer import openpi_state_dict
-from models.policy.pi0 import PI0, PI0_TINY, PI05, KeySpan, Pi0, attend, key_splits
+from models.policy.pi0 import PI0, PI0_TINY, PI05, Pi0
 from models.policy.pi0_policy import Pi0Policy, prompt_widths
 from realtime.bench import examples
 
@@ -146,41 +146,6 @@ def test_flash_attention_over_packed_keys_equals_the_masked_kernel(pi05):
     prepared = compiled.prepare({**examples.libero(seed=0), "rtc": {"executed_steps": 5}})
     guided = compiled.infer([prepared], [state.snapshot(prepared, now=0.1)])[0]
     assert guided.shape == want[0].shape and np.isfinite(guided).all()
-
-
-def test_keys_are_split_only_where_the_calls_leave_the_gpu_idle():
-    """pi0's LIBERO calls on an H100 (132 multiprocessors): an action step or the state token at
-    batch 1 (8 CTAs) in 4 parts of ~145 keys, the prefix (40 CTAs) in 3, an action step at batch
-    8 in 2; a batch of 32 fills the GPU unsplit, and no part is shorter than 128 keys."""
-    assert key_splits(1, 8, 50, 580, 132) == 4
-    assert key_splits(1, 8, 1, 529, 132) == 4
-    assert key_splits(1, 8, 528, 528, 132) == 3
-    assert key_splits(8, 8, 50, 580, 132) == 2
-    assert key_splits(32, 8, 50, 580, 132) == 1
-    assert key_splits(1, 4, 50, 165, 132) == 1
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("queries", [1, 50, 130])
-def test_attention_over_split_keys_equals_the_unsplit_call(queries):
-    """FlashAttention-2's call over keys cut into parts and merged by log-sum-exp gives the
-    unsplit call's output and the masked SDPA kernel's, over the model's buffer layout (each
-    row's keys at an offset, rows of different lengths, parts left empty by a short row)."""
-    if not torch.backends.cuda.is_flash_attention_available():
-        pytest.skip("no FlashAttention-2 kernel in this torch build")
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    B, L, offset, heads, dim = 3, 700, 51, 8, 256
-    keys, values = (
-        torch.randn(B, L, 1, dim, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in "kv"
-    )
-    q = torch.randn(B, queries, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    lengths = torch.tensor([L - offset, 300, 20], device="cuda")
-    want = attend(q, keys, values, KeySpan.of(lengths, queries, L, offset, "sdpa")).float()
-    with torch.no_grad():
-        for splits in (1, 2, 3, 8):
-            got = attend(q, keys, values, KeySpan.of(lengths, queries, L, offset, "flash2", splits)).float()
-            assert (got - want).abs().max() <= 2e-2 * want.abs().max(), splits
 
 
 @pytest.mark.parametrize("config", [PI0, PI05], ids=["pi0", "pi0.5"])

@@ -22,7 +22,14 @@ additive key-padding bias as the model builds it), median of CUDA-event timings 
 - ``flash3 varlen auto``: FlashAttention-3's own choice of both (``num_splits=0``,
   ``pack_gqa=None``); ``flash3 varlen sS [pack]``: FlashAttention-3's (the ``fa3-fwd`` wheel, where installed) over
   the same buffers, its keys in S splits merged by its own combine kernel, ``pack`` with the 8
-  query heads of the one K/V head packed into its query tiles (``pack_gqa``).
+  query heads of the one K/V head packed into its query tiles (``pack_gqa``). Candidates only:
+  ``robot.attention: flash3`` was withdrawn from the model (docs/models.md).
+
+``flash2 varlen splitS`` is the candidate for pi0's batch-1 latency (an action step's 8 CTAs):
+built into ``models.policy.pi0.attend`` at commit ``dfdddc6`` (``key_splits``, with
+``realtime/bench/gpu/pi0_splits.py`` to time the whole forward split and whole) and withdrawn
+in the next commit unmeasured, as no GPU could be had that session (docs/benchmarks-log.md,
+"pi0's keys split").
 
 Each figure is the device time per call: 50 calls queued back to back between two CUDA events
 (a single call between events measures the launch, not the kernel). FlexAttention candidates were
