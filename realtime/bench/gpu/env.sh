@@ -18,13 +18,14 @@ if [ -z "$FA4_PATH" ] && [ -e /tmp/fa4site/.unpacked ]; then
     FA4_PATH="/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages"
 fi
 # once per machine: a second script sourcing this must not rewrite modules a running one imports;
-# a later call that cannot carry .whl beside something larger (FA4's second part) reuses it
-# (.whlb, where .whl was not carried: .whl less PyAV, 16 MB, to fit beside a larger carry)
-WHEELS=.whl
-[ -d .whl ] || WHEELS=.whlb
-if compgen -G "$WHEELS/*.whl" >/dev/null && [ ! -e /tmp/site/.installed ]; then
+# a later call that cannot carry .whl beside something larger (FA4's second part) reuses it.
+# Every wheel carried in .whl/ and .whlb/ is installed, each name once (.whlb is .whl less PyAV,
+# 16 MB, to fit beside a larger carry; .whlb with PyAV's wheel alone, .whl/av-*.whl, is the whole
+# set in 52 MB)
+WHEELS=$(ls .whl/*.whl .whlb/*.whl 2>/dev/null | awk -F/ '!seen[$NF]++')
+if [ -n "$WHEELS" ] && [ ! -e /tmp/site/.installed ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site "$WHEELS"/*.whl || exit 1
+        --target /tmp/site $WHEELS || exit 1
     touch /tmp/site/.installed
 fi
 # FlashAttention-3's forward (the fa3-fwd wheel, 27 MB: device_wheels.sh FA3=1) where .fa3 is carried
