@@ -289,12 +289,14 @@ class CausalDiT(nn.Module):
 
         Shapes are static but for the batch and the key length. Batch 1 has graphs of its own,
         every batch of 2 or more shares one whose batch dimension is dynamic; the past's length
-        (``KVPool.gather``: the frames a window holds so far, the whole sink + window once it is
-        full) is dynamic in all of them (``forward`` marks both). So there are five graphs: batch
-        1 x {no past (a first block), past}, batch >= 2 x {no past, past, past under a mask (a
-        batch mixing phases)}. The world kind's load-time warm-up (``measure_step_seconds``)
-        meets all five, so a session never compiles while it is served. ``backend``:
-        ``torch.compile``'s (tests count compilations with a counting backend).
+        (``KVPool.gather``: a first block's room alone, the frames a window holds so far, the whole
+        sink + window once it is full) is dynamic in all of them (``forward`` marks both). So
+        there are four graphs: batch 1 x {past}, batch >= 2 x {the room alone (a first block:
+        there dynamo keeps the length it traced), past, past under a mask (a batch mixing
+        phases)}; a caller passing no past (``recompute_x0``, training) meets one more per batch
+        class. The world kind's load-time warm-up (``measure_step_seconds``) meets all four, so a
+        session never compiles while it is served. ``backend``: ``torch.compile``'s (tests count
+        compilations with a counting backend).
         """
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         for i, blk in enumerate(self.blocks):

@@ -24,17 +24,18 @@ Contract:
   in slot ``f`` until the ring wraps), so a session whose window fills attends to its frames
   alone, without a mask (the fastest attention kernels), the whole sink + window once it is full
   (the steady state), and a batch that mixes phases gathers the longest prefix, masked. When no
-  session sees any frame (every session's first block) the past is ``None``: the block attends
-  to itself alone. ``R`` varies while windows fill: a compiled DiT marks the key length dynamic
-  (``CausalDiT.compile_blocks``).
+  session sees any frame (every session's first block) ``R`` is 0: the past is the room alone, so
+  the block attends to itself, and a first block is a fixed shape that a CUDA graph replays
+  (``models.world.graphs``). ``R`` varies while windows fill: a compiled DiT marks the key length
+  dynamic (``CausalDiT.compile_blocks``).
 - ``reserve_scratch(max_batch)``: from then on ``gather`` returns views of buffers the pool holds
   (contiguous, as fresh ones would be, and valid until the next ``gather``), so a batch of ``B``
-  sessions with full windows always gets the same addresses: what a CUDA graph of the DiT's
-  steady pass captures (``models.world.graphs``; ``scratch_past`` are those views). In that
-  layout each scratch row keeps holding the slot it gathered, and ``commit`` writes a block into
-  the row too, so the next gather of the same session into the same row copies nothing (a steady
-  stream of blocks reads its window once, not once per block: 4.3 GB per block at the Wan-1.3B
-  shape).
+  sessions with full windows, or of ``B`` first blocks, always gets the same addresses: what the
+  CUDA graphs of the DiT's passes capture (``models.world.graphs``; ``scratch_past`` are those
+  views). In the steady layout each scratch row keeps holding the slot it gathered, and
+  ``commit`` writes a block into the row too, so the next gather of the same session into the
+  same row copies nothing (a steady stream of blocks reads its window once, not once per block:
+  4.3 GB per block at the Wan-1.3B shape).
 - ``commit(sessions, block_start, kv)`` writes a block's clean-pass K/V (the only writer).
 - denoise passes never write: the pool is read-only until ``commit``.
 """
@@ -188,14 +189,13 @@ class KVPool:
         self._steady_rows = self._past_buffers(max_batch, self._steady_keys)  # commit's view of the rows
         self._mirrors = [None] * max_batch
 
-    def scratch_past(self, batch: int, room: int) -> list[KV]:
-        """The views :meth:`gather` returns for ``batch`` sessions whose windows are full, for the
-        caller to write (the rows then hold no slot's frames)."""
+    def scratch_past(self, batch: int, keys: int) -> list[KV]:
+        """The views :meth:`gather` returns for ``batch`` sessions whose past holds ``keys`` keys
+        (room included: a full window's, or a first block's room alone), for the caller to write
+        (the rows then hold no slot's frames)."""
         assert self._scratch is not None and batch <= self.scratch_batch, "reserve_scratch first"
         self._mirrors = [None] * self.scratch_batch
-        return self._past_buffers(
-            batch, self.geometry.resident_frames * self.geometry.tokens_per_frame + room
-        )
+        return self._past_buffers(batch, keys)
 
     def _held_rows(self, ids: list[int], keys: int) -> set[int]:
         """Rows of a gather into the scratch that already hold their slot's frames (no copy
@@ -244,9 +244,10 @@ class KVPool:
     ) -> tuple[list[KV] | None, Tensor | None]:
         """Past K/V per layer ``[B, L*T + room, H, D]`` and the visible-key mask ``[B, L*T]``
         (``None`` when every gathered key is visible), where ``L`` is the shortest prefix of
-        frame slots that holds every frame visible to the batch; ``(None, None)`` when no frame
-        is visible to any session. Decided on the host: no device sync. The buffers are fresh,
-        or views of the scratch (:meth:`reserve_scratch`), valid until the next gather."""
+        frame slots that holds every frame visible to the batch (0 when no session sees a frame:
+        the past is the room alone; ``(None, None)`` if there is no room either). Decided on the
+        host: no device sync. The buffers are fresh, or views of the scratch
+        (:meth:`reserve_scratch`), valid until the next gather."""
         g = self.geometry
         ids = self.slot_ids(sessions)
         slots = torch.tensor(ids, dtype=torch.long)
@@ -254,9 +255,10 @@ class KVPool:
         start = torch.tensor(block_starts, dtype=torch.long)[:, None]
         visible = (pos >= 0) & (pos < start) & ((pos < g.sink_frames) | (pos >= start - g.window_frames))
         seen = visible.any(0).nonzero()
-        if not len(seen):
+        frames = int(seen[-1]) + 1 if len(seen) else 0
+        if not frames and not room:
             return None, None
-        visible = visible[:, : int(seen[-1]) + 1]  # a filling window is a prefix of the slots
+        visible = visible[:, :frames]  # a filling window is a prefix of the slots
         mask = (
             None
             if bool(visible.all())
@@ -265,7 +267,7 @@ class KVPool:
         length = visible.shape[1] * g.tokens_per_frame
         past = self._past_buffers(len(ids), length + room)
         held = self._held_rows(ids, length + room)
-        copies = [(row, slot) for row, slot in enumerate(ids) if row not in held]
+        copies = [(row, slot) for row, slot in enumerate(ids) if row not in held and length]
         for layer, (k, v) in enumerate(past):
             for row, slot in copies:  # slice copies: one pass over the bytes, no index temp
                 k[row, :length].copy_(self.k[layer, slot, :length])

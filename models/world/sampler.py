@@ -127,7 +127,8 @@ class FlowSampler:
         """Whether this block's passes replay a graph (its inputs then loaded)."""
         if self.graphs is None or not self.graphs.covers(past, mask):
             return False
-        self.graphs.load(pos, actions, cross)
+        assert past is not None  # covered
+        self.graphs.load(past, pos, actions, cross)
         return True
 
     def _inputs(self, reqs: Sequence[BlockRequest]) -> tuple[list[str], list[int], Tensor, Tensor]:
@@ -190,7 +191,7 @@ class FlowSampler:
         self.profiler.mark("cleaned")
         if not replay:
             return kv
-        assert past is not None  # a graph replays a full window only
+        assert past is not None  # a graph replays a gathered past only
         room = x0.shape[1] * self.cfg.tokens_per_frame  # where the replayed self-attention wrote them
         return [(k[:, -room:], v[:, -room:]) for k, v in past]
 

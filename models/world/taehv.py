@@ -99,7 +99,8 @@ class MemBlock(nn.Module):
 
 class TGrow(nn.Module):
     """x ``stride`` in time: a 1x1 conv to ``stride * channels``; channel group ``k`` of frame ``t``
-    becomes frame ``stride * t + k`` (frames are the batch axis, time-major within a sample)."""
+    becomes frame ``stride * t + k`` (frames are the batch axis, time-major within a sample). The
+    output keeps the input's memory layout (channels last stays channels last, in one copy)."""
 
     def __init__(self, channels: int, stride: int) -> None:
         super().__init__()
@@ -108,12 +109,21 @@ class TGrow(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         nt, c, h, w = x.shape
-        return self.conv(x).reshape(nt * self.stride, c, h, w)
+        y = self.conv(x)
+        if not y.is_contiguous(memory_format=torch.channels_last) or y.is_contiguous():
+            return y.reshape(nt * self.stride, c, h, w)
+        pixels = y.permute(0, 2, 3, 1).reshape(nt, h, w, self.stride, c)  # [t, h, w, k, c] in memory
+        return pixels.permute(0, 3, 1, 2, 4).reshape(nt * self.stride, h, w, c).permute(0, 3, 1, 2)
 
 
 class TAEHVDecoder(nn.Module):
     """TAEHV's decoder for latents of ``latent_height x latent_width`` (the size sets the state's
-    shapes only; the weights fit any size)."""
+    shapes only; the weights fit any size).
+
+    Its convolutions run channels last (weights and activations): in bf16 on a GPU, cuDNN's
+    kernels take NHWC, and an NCHW call adds a layout transform around every convolution, at
+    full resolution a pass over hundreds of MB. The frames come out channels last too, which is
+    the ``[T, H, W, 3]`` layout the media encoder takes, with no transpose."""
 
     def __init__(self, cfg: TAEHVConfig, latent_height: int, latent_width: int) -> None:
         super().__init__()
@@ -129,6 +139,7 @@ class TAEHVDecoder(nn.Module):
                 _conv(n[level], n[level + 1], bias=False),
             ]
         self.decoder = nn.Sequential(*layers, nn.ReLU(), _conv(n[3], 3))
+        self.to(memory_format=torch.channels_last)  # kept by loads and device moves
 
     def memory_shapes(self) -> list[tuple[int, int, int]]:
         """``(channels, height, width)`` of each ``MemBlock``'s remembered input, in order."""
@@ -156,11 +167,14 @@ class TAEHVDecoder(nn.Module):
         b, t, c, h, w = z.shape
         memory = iter(state.caches)
         remembered: list[Tensor] = []
-        x = z.reshape(b * t, c, h, w)
+        channels_last = self.decoder[1].weight.is_contiguous(memory_format=torch.channels_last)
+        layout = torch.channels_last if channels_last else torch.contiguous_format  # the weights'
+        x = z.reshape(b * t, c, h, w).contiguous(memory_format=layout)
         for layer in self.decoder:
             if isinstance(layer, MemBlock):
                 steps = x.view(b, t, *x.shape[1:])
                 past = torch.cat([next(memory).unsqueeze(1), steps[:, :-1]], 1).reshape(x.shape)
+                past = past.contiguous(memory_format=layout)
                 remembered.append(steps[:, -1].clone(memory_format=torch.contiguous_format))
                 x = layer(x, past)
             else:

@@ -42,7 +42,7 @@ def test_no_compilation_after_the_warm_up_as_windows_fill_at_any_batch_size():
     compiled.dit.compile_blocks(backend=counter)
     measure_step_seconds(compiled, max_batch=4)  # the world kind's load: batches 1, 2, 4
     warmed = counter.frame_count
-    assert warmed == 5  # batch 1 x {no past, past}, batch >= 2 x {no past, past, masked past}
+    assert warmed == 4  # batch 1 x {past}, batch >= 2 x {the room alone, past, masked past}
     blocks = compiled.pool.geometry.steady_block + 3  # past the window: eviction under way
     groups = [["a"], ["b", "c", "d"], ["e", "f"]]  # batch 3 never ran in the warm-up
     got = _serve(compiled, groups, blocks)

@@ -382,3 +382,17 @@ def test_release_size_decodes_on_cuda_in_bfloat16(taehv_file):
     z = torch.randn(1, 6, 16, 60, 104, generator=torch.Generator().manual_seed(0)).cuda()
     lo, hi = decode_chunks(gpu, z.bfloat16(), [3, 3]).float(), decode_chunks(ref, z, [3, 3])
     assert lo.shape == (1, 21, 3, 480, 832) and (lo - hi).abs().mean() < 0.01
+
+
+def test_channels_last_decodes_the_frames_of_the_contiguous_layout(taehv_file, decoder):
+    """The decoder runs channels last (``TAEHVDecoder``); the same weights laid out NCHW decode the
+    same frames, so the layout moves no value (``TGrow``'s reordering included), and the frames
+    come out as ``[T, H, W, 3]`` memory."""
+    nchw = load_taehv_decoder(taehv_file, H, W).to(memory_format=torch.contiguous_format)
+    assert decoder.decoder[1].weight.is_contiguous(memory_format=torch.channels_last)
+    assert nchw.decoder[1].weight.is_contiguous()
+    z = latents(5, batch=2)
+    want, got = decode_chunks(nchw, z, [1, 2, 2]), decode_chunks(decoder, z, [1, 2, 2])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    frames, _ = decoder(z[:, :2], decoder.init_state(2))
+    assert frames[0].permute(0, 2, 3, 1).is_contiguous()
