@@ -215,6 +215,7 @@ class WorldService(KindServiceBase):
         )
         if wc.compiles:
             self.model.dit.compile_blocks()
+            self.model.compile_decoder()
         if wc.graphs:
             progress("capture CUDA graphs", 2, 3)
             self._capture_graphs()

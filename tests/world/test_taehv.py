@@ -23,7 +23,7 @@ from models.world.taehv import decoder_state_bytes as taehv_state_bytes
 from models.world.vae import split_state, stack_states
 from realtime.config import ConfigError, config_from_mapping
 from tests.world.helpers import serve_exits_2_naming, world_session
-from tests.world.test_checkpoints import SMALL, write_embeddings, write_self_forcing
+from tests.world.test_checkpoints import ACTION, SMALL, write_embeddings, write_self_forcing
 
 H, W = 2, 3  # latent size of the tests (non-square: a swapped axis fails)
 SMALL_WAN = dataclasses.replace(SMALL, vae="wan2.1")  # the test-size Self-Forcing with Wan's decoder
@@ -382,6 +382,9 @@ def test_release_size_decodes_on_cuda_in_bfloat16(taehv_file):
     z = torch.randn(1, 6, 16, 60, 104, generator=torch.Generator().manual_seed(0)).cuda()
     lo, hi = decode_chunks(gpu, z.bfloat16(), [3, 3]).float(), decode_chunks(ref, z, [3, 3])
     assert lo.shape == (1, 21, 3, 480, 832) and (lo - hi).abs().mean() < 0.01
+    gpu.compile()  # world.compile's decoder (inductor): the same frames within bf16 rounding
+    compiled = decode_chunks(gpu, z.bfloat16(), [3, 3]).float()
+    assert (compiled - lo).abs().max() < 0.03 and (compiled - hi).abs().mean() < 0.01
 
 
 def test_channels_last_decodes_the_frames_of_the_contiguous_layout(taehv_file, decoder):
@@ -396,3 +399,36 @@ def test_channels_last_decodes_the_frames_of_the_contiguous_layout(taehv_file, d
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     frames, _ = decoder(z[:, :2], decoder.init_state(2))
     assert frames[0].permute(0, 2, 3, 1).is_contiguous()
+
+
+def test_the_compiled_decoder_is_warmed_at_load_and_decodes_the_eager_frames(sf_files, taehv_file):
+    """``world.compile`` compiles TAEHV's decoder (``WorldModel.compile_decoder``); the load's
+    warm-up (``measure_step_seconds``) meets every graph it has, so serving batches of other sizes
+    and phases (a session starting beside running ones) compiles nothing more, and the frames are
+    the eager decoder's."""
+    from torch._dynamo.testing import CompileCounter
+
+    from models.world.model import WorldModel, WorldTick
+    from models.world.text_encoder import PrecomputedEmbeddings, PromptEmbedder
+    from realtime.kinds.world import measure_step_seconds
+
+    def build() -> WorldModel:
+        embeddings = PrecomputedEmbeddings.load(sf_files[1], dim=SMALL.text_dim, text_len=SMALL.text_len)
+        prompts = PromptEmbedder(embeddings, SMALL.text_len)
+        return WorldModel.build(SMALL_TAEHV, slots=4, checkpoint=sf_files[0], vae=taehv_file, prompts=prompts)
+
+    torch._dynamo.reset()
+    compiled, eager, counter = build(), build(), CompileCounter()
+    compiled.compile_decoder(backend=counter)
+    measure_step_seconds(compiled, max_batch=4)
+    warmed = counter.frame_count
+    assert warmed > 0
+    for sid, seed in (("a", 1), ("b", 2), ("c", 3)):
+        compiled.open(sid, seed=seed)
+        eager.open(sid, seed=seed)
+    rounds = [["a"], ["a", "b"], ["a", "b", "c"], ["a", "b", "c"]]  # b and c start beside a: mixed phases
+    for sids in rounds:
+        ticks = [WorldTick(s, compiled.next_block(s), "a red car in the rain", ACTION) for s in sids]
+        for got, want in zip(compiled.step(ticks), eager.step(ticks), strict=True):
+            assert torch.equal(got, want)
+    assert counter.frame_count == warmed, "a session compiled the decoder while it was served"
