@@ -22,6 +22,7 @@ from fractions import Fraction
 import av
 import numpy as np
 from av.container import InputContainer
+from av.video.reformatter import VideoReformatter
 
 MAX_BATCH_FRAMES = 4096
 TICKS_PER_FRAME = 1000  # fMP4 track timescale = fps * 1000, so decode times are exact integers
@@ -29,6 +30,14 @@ TICKS_PER_FRAME = 1000  # fMP4 track timescale = fps * 1000, so decode times are
 
 def _rgb_frame(rgb: np.ndarray) -> av.VideoFrame:
     return av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+
+
+def _converted(frames: np.ndarray, pix_fmt: str, reformatter: VideoReformatter) -> Iterator[av.VideoFrame]:
+    """Each ``uint8 [H, W, 3]`` RGB frame of ``frames`` in ``pix_fmt``, through one reformatter:
+    its swscale context is made once, where ``VideoFrame.reformat`` makes one per frame (5 -> 1.8
+    ms a 832x480 frame on the CPU box; the same pixels)."""
+    for rgb in frames:
+        yield reformatter.reformat(_rgb_frame(rgb), format=pix_fmt)
 
 
 def encode_jpeg_batch(frames: np.ndarray, quality: int = 85) -> bytes:
@@ -55,11 +64,7 @@ def encode_jpegs(frames: np.ndarray, quality: int = 85) -> list[bytes]:
     # FFmpeg's mjpeg quality scale: qscale 2 (best) .. 31 (worst)
     ctx.options = {"qmin": "1", "qmax": "31"}
     ctx.qscale = max(2, min(31, round(31 - (quality / 100) * 29)))
-    images = []
-    for rgb in frames:
-        frame = _rgb_frame(rgb).reformat(format="yuvj420p")
-        images.append(b"".join(bytes(p) for p in ctx.encode(frame)))
-    return images
+    return [b"".join(bytes(p) for p in ctx.encode(f)) for f in _converted(frames, "yuvj420p", VideoReformatter())]
 
 
 def split_jpeg_batch(payload: bytes) -> list[bytes]:
@@ -151,12 +156,12 @@ class Fmp4Encoder:
         self.frames = 0  # frames encoded so far = the next frame's pts
         self.sequence = 0  # moof boxes emitted so far
         self._template: InputContainer | None = None  # the init segment, read back: its stream
+        self._reformatter = VideoReformatter()
 
     def encode(self, frames: np.ndarray) -> tuple[bytes, bytes]:
         """Encode ``uint8 [T, H, W, 3]``; returns ``(init segment or b"", fragment)``."""
         packets = []
-        for rgb in frames:
-            frame = _rgb_frame(rgb).reformat(format="yuv420p")
+        for frame in _converted(frames, "yuv420p", self._reformatter):
             frame.pts, frame.time_base = self.frames + len(packets), self.codec.time_base
             packets.extend(self.codec.encode(frame))
         if len(packets) != len(frames):
