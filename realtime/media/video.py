@@ -64,7 +64,9 @@ def encode_jpegs(frames: np.ndarray, quality: int = 85) -> list[bytes]:
     # FFmpeg's mjpeg quality scale: qscale 2 (best) .. 31 (worst)
     ctx.options = {"qmin": "1", "qmax": "31"}
     ctx.qscale = max(2, min(31, round(31 - (quality / 100) * 29)))
-    return [b"".join(bytes(p) for p in ctx.encode(f)) for f in _converted(frames, "yuvj420p", VideoReformatter())]
+    return [
+        b"".join(bytes(p) for p in ctx.encode(f)) for f in _converted(frames, "yuvj420p", VideoReformatter())
+    ]
 
 
 def split_jpeg_batch(payload: bytes) -> list[bytes]:
