@@ -96,6 +96,18 @@ def test_graphed_blocks_equal_eager_blocks_over_phases_batches_and_prompts(rerun
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_sessions_starting_together_replay_the_first_block_graph_and_commit_its_kv(rerun_capture):
+    plain, graphed = _pair(max_batch=2)
+    for model in (plain, graphed):
+        model.open("a", seed=1, slot=3)
+        model.open("b", seed=2, slot=1)
+    _schedule(plain, graphed, [[("a", "x"), ("b", "y")]] * 2)  # two first blocks, then two filling
+    assert graphed.graphs is not None and graphed.graphs.replayed == len(TEST.sigmas) + 1
+    for sid in ("a", "b"):  # the first block's K/V, committed from the room, as eager
+        for got, want in zip(graphed.pool.snapshot(sid), plain.pool.snapshot(sid), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_batch_past_the_captured_sizes_runs_eagerly(rerun_capture):
     plain, graphed = _pair(max_batch=1)
     for model in (plain, graphed):
