@@ -233,8 +233,9 @@ def _state(preset: Preset, observation: Mapping[str, Any]) -> np.ndarray:
                 f"state {spec.key!r} must have {spec.rule} (preset {preset.name}), got shape {list(value.shape)}"
             )
         # finite and within float32's range in one reduction, without np.errstate (a slow context
-        # manager on every request): max() propagates NaN, and a comparison with NaN is False
-        if value.dtype.kind == "f" and not _LARGEST(np.abs(value), axis=None) <= _FLOAT32_MAX:
+        # manager on every request): max() propagates NaN, and a comparison with NaN is False.
+        # Compared as a Python float: NumPy would cast the bound to a float16 array's dtype (inf)
+        if value.dtype.kind == "f" and not float(_LARGEST(np.abs(value), axis=None)) <= _FLOAT32_MAX:
             raise ObservationError(f"state {spec.key!r} must be finite float32 values, got NaN or infinity")
         parts.append(value.astype(np.float32, copy=False).reshape(-1))
     return parts[0] if len(parts) == 1 else np.concatenate(parts)  # one key: no copy

@@ -55,6 +55,8 @@ REFUSED = [
     ({**libero(), "observation/state": [2**70] * 8}, "'observation/state'", "numeric"),
     ({**libero(), "observation/state": np.full(8, np.inf)}, "'observation/state'", "finite"),
     ({**libero(), "observation/state": np.full(8, 1e300)}, "'observation/state'", "finite"),
+    ({**libero(), "observation/state": np.full(8, np.inf, np.float16)}, "'observation/state'", "finite"),
+    ({**libero(), "observation/state": np.full(8, np.nan, np.float16)}, "'observation/state'", "finite"),
     ({**droid(), "observation/joint_position": np.zeros(6)}, "'observation/joint_position'", "shape [7]"),
     ({**droid(), "observation/gripper_position": np.zeros(2)}, "'observation/gripper_position'", "shape [1]"),
     ({**aloha(), "state": np.zeros(13)}, "'state'", "shape [14]"),
