@@ -110,7 +110,7 @@ class WorldModel:
     prompts: PromptContext  # prompts -> text context [B, text_len, text_dim] (models.world.prompts)
     starts: StartFrames | None = None  # a session's first block begins from one (start_frames.py)
     sessions: dict[str, _Session] = field(default_factory=dict)
-    graphs: DiTGraphs | None = None  # capture_graphs: CUDA graphs of the DiT's steady pass
+    graphs: DiTGraphs | None = None  # capture_graphs: CUDA graphs of the DiT's steady and first passes
     profiler: Profiler = OFF  # stage timing (models.world.profiling): the sampler marks the DiT passes
 
     @classmethod
@@ -184,9 +184,10 @@ class WorldModel:
             self.decoder.compile(backend=backend)
 
     def capture_graphs(self, max_batch: int) -> None:
-        """Replay the DiT's steady pass from CUDA graphs for batches of up to ``max_batch``
-        sessions (capped at the pool's slots; ``models.world.graphs``). Raises, leaving the
-        model as it was but for the pool's gather scratch, if a capture fails or mismatches."""
+        """Replay the DiT's steady and first-block passes from CUDA graphs for batches of up to
+        ``max_batch`` sessions (capped at the pool's slots; ``models.world.graphs``). Raises,
+        leaving the model as it was but for the pool's gather scratch, if a capture fails or
+        mismatches."""
         graphs = DiTGraphs(self.dit, self.pool, min(max_batch, self.pool.slots))
         graphs.capture()
         self.graphs = graphs
