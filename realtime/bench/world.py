@@ -697,6 +697,8 @@ def main(argv: list[str]) -> int:
         help="write random real-size --model files (DiT checkpoint, Wan VAE, TAEHV, prompt embeddings) into DIR and exit",
     )
     args = p.parse_args(argv)
+    if args.e2e and 1 not in args.e2e_sessions:  # refused before the server and the model are built
+        p.error("--e2e-sessions must include 1: fps_1, ttff_ms and mfu are one session's figures")
     if args.write_random_checkpoint:
         from realtime.bench.world_checkpoint import write_random_checkpoint
 

@@ -55,6 +55,15 @@ def test_e2e_batched_only_skips_the_time_sliced_server(capsys):
     assert figures["fps_1"] > 0 and not any(line.lstrip().startswith("sliced") for line in out)
 
 
+def test_e2e_without_one_session_is_refused_before_any_work(capsys):
+    # it once ran 2 and 4 sessions on a GPU and then raised KeyError: the one-session figures are the headline
+    with pytest.raises(SystemExit) as exit_info:
+        world.main(["--e2e", "--model", "world-test", "--e2e-sessions", "2", "4"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--e2e-sessions must include 1" in err and "Traceback" not in err
+
+
 def test_session_fps_runs_from_its_first_to_its_last_chunk_in_the_window():
     session = E2ESession(arrivals=[(9.9, 12), (10.0, 12), (10.4, 12), (10.8, 12), (11.2, 12), (12.1, 12)])
     assert session.fps_in(10.0, 12.0) == pytest.approx(36 / 1.2)  # not 48 frames / 2 s
