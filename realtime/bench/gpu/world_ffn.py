@@ -17,21 +17,9 @@ import json
 
 import torch
 import torch.nn.functional as F
+from world_attention import timed_ms  # this folder's: the scripts run as files from the repo root
 
 DIM, FFN, TOKENS = 1536, 8960, 3 * 1560
-
-
-def timed_ms(fn, repeats: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def ffn_compiled(x, w1, b1, w2, b2):  # noqa: ANN001, ANN201
@@ -62,12 +50,12 @@ def main() -> None:
         x = rand(batch * TOKENS, DIM)
         ref = ffn_compiled(*(t.float() for t in (x, w1, b1, w2, b2)))
         with torch.no_grad():
-            figures[f"ffn_compiled_ms_{batch}"] = timed_ms(lambda: compiled(x, w1, b1, w2, b2))  # noqa: B023
-            figures[f"ffn_epilogue_ms_{batch}"] = timed_ms(lambda: ffn_epilogue(x, w1, b1, w2, b2))  # noqa: B023
+            figures[f"ffn_compiled_ms_{batch}"] = timed_ms(lambda: compiled(x, w1, b1, w2, b2), 50)  # noqa: B023
+            figures[f"ffn_epilogue_ms_{batch}"] = timed_ms(lambda: ffn_epilogue(x, w1, b1, w2, b2), 50)  # noqa: B023
             figures[f"ffn_compiled_rel_err_{batch}"] = rel_err(compiled(x, w1, b1, w2, b2), ref)
             figures[f"ffn_epilogue_rel_err_{batch}"] = rel_err(ffn_epilogue(x, w1, b1, w2, b2), ref)
-            figures[f"qkv_three_ms_{batch}"] = timed_ms(lambda: [x @ w.t() for w in (wq, wk, wv)])  # noqa: B023
-            figures[f"qkv_one_ms_{batch}"] = timed_ms(lambda: x @ wqkv.t())  # noqa: B023
+            figures[f"qkv_three_ms_{batch}"] = timed_ms(lambda: [x @ w.t() for w in (wq, wk, wv)], 50)  # noqa: B023
+            figures[f"qkv_one_ms_{batch}"] = timed_ms(lambda: x @ wqkv.t(), 50)  # noqa: B023
     figures = {k: round(v, 4 if "err" in k else 3) for k, v in figures.items()}
     for name, value in figures.items():
         print(f"{name:>28} {value:10.4g}")
