@@ -646,7 +646,7 @@ def main(argv: list[str]) -> int:
         type=int,
         nargs="+",
         default=[1, 2, 4, 8],
-        help="section 6: session counts (1 first)",
+        help="section 6: session counts (must include 1: the one-session figures are the headline)",
     )
     p.add_argument(
         "--e2e-batched-only",
