@@ -54,16 +54,22 @@ def pack_jpeg_batch(images: list[bytes]) -> bytes:
     return b"".join(out)
 
 
-def encode_jpegs(frames: np.ndarray, quality: int = 85) -> list[bytes]:
-    """JPEG images of ``uint8 [T, H, W, 3]`` frames; FFmpeg releases the GIL while it encodes,
-    so several calls on threads run in parallel (``MediaEncodeStage``)."""
+def jpeg_context(width: int, height: int, quality: int) -> av.CodecContext:
+    """An MJPEG encoder of ``width`` x ``height`` yuvj420p frames at ``quality`` (0..100)."""
     ctx = av.CodecContext.create("mjpeg", "w")
-    ctx.width, ctx.height = frames.shape[2], frames.shape[1]
+    ctx.width, ctx.height = width, height
     ctx.pix_fmt = "yuvj420p"
     ctx.time_base = Fraction(1, 25)
     # FFmpeg's mjpeg quality scale: qscale 2 (best) .. 31 (worst)
     ctx.options = {"qmin": "1", "qmax": "31"}
     ctx.qscale = max(2, min(31, round(31 - (quality / 100) * 29)))
+    return ctx
+
+
+def encode_jpegs(frames: np.ndarray, quality: int = 85) -> list[bytes]:
+    """JPEG images of ``uint8 [T, H, W, 3]`` frames; FFmpeg releases the GIL while it encodes,
+    so several calls on threads run in parallel (``MediaEncodeStage``)."""
+    ctx = jpeg_context(frames.shape[2], frames.shape[1], quality)
     return [
         b"".join(bytes(p) for p in ctx.encode(f)) for f in _converted(frames, "yuvj420p", VideoReformatter())
     ]

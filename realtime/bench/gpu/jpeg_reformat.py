@@ -11,22 +11,15 @@ from __future__ import annotations
 
 import json
 import time
-from fractions import Fraction
 
-import av
 import numpy as np
 
-from realtime.media.video import _rgb_frame, encode_jpegs
+from realtime.media.video import _rgb_frame, encode_jpegs, jpeg_context
 
 
 def per_frame_context(frames: np.ndarray, quality: int = 85) -> list[bytes]:
     """``encode_jpegs`` as it was: ``reformat`` on each frame (a swscale context each)."""
-    ctx = av.CodecContext.create("mjpeg", "w")
-    ctx.width, ctx.height = frames.shape[2], frames.shape[1]
-    ctx.pix_fmt = "yuvj420p"
-    ctx.time_base = Fraction(1, 25)
-    ctx.options = {"qmin": "1", "qmax": "31"}
-    ctx.qscale = max(2, min(31, round(31 - (quality / 100) * 29)))
+    ctx = jpeg_context(frames.shape[2], frames.shape[1], quality)
     return [
         b"".join(bytes(p) for p in ctx.encode(_rgb_frame(rgb).reformat(format="yuvj420p"))) for rgb in frames
     ]
