@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import connect
 
 from realtime.bench import hostile
@@ -593,7 +593,7 @@ def churn_part(
         kind = kinds[n % len(kinds)]
         try:
             code = tick(server.ws_url, kind, n, abrupt=bool(n // len(kinds) % 2))
-        except (ConnectionClosed, InvalidStatus, OSError, TimeoutError, RuntimeError) as exc:
+        except (ConnectionClosed, InvalidHandshake, OSError, TimeoutError, RuntimeError) as exc:
             figures.churn_errors += 1
             print(f"  churn cycle {n} ({kind}) failed: {type(exc).__name__}: {str(exc)[:200]}")
             continue
@@ -633,7 +633,7 @@ def soak_part(server: ServerProcess, kinds: tuple[str, ...], minutes: float, fig
                 counts["requests"] += 1
                 if code == 1011:
                     counts["errors"] += 1
-            except (ConnectionClosed, InvalidStatus, OSError, TimeoutError, RuntimeError):
+            except (ConnectionClosed, InvalidHandshake, OSError, TimeoutError, RuntimeError):
                 if not stop.is_set():
                     counts["errors"] += 1
             n += 1
