@@ -110,9 +110,8 @@ class DiTGraphs:
         self._loaded = self._replays[b, past[0][0].shape[1]]
         self.pos[:b].copy_(pos)
         self.actions[:b].copy_(actions)
-        for (static_k, static_v), (k, v) in zip(self.cross, cross, strict=True):
-            static_k[:b].copy_(k)
-            static_v[:b].copy_(v)
+        statics = [t[:b] for kv in self.cross for t in kv]
+        torch._foreach_copy_(statics, [t for kv in cross for t in kv])  # one dtype: a few launches, not 60
 
     def run(self, x: Tensor, t: float) -> Tensor:
         """One pass over ``x [B, F, C, h, w]`` at timestep ``t``: the flow prediction (a fresh tensor)."""
