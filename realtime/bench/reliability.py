@@ -758,6 +758,32 @@ def report(figures: Figures, bound_s: float) -> bool:
     return all(ok for name, _, _, ok in rows if name in hard or name == "sigterm_exit_s")
 
 
+PARTS = ("fuzz", "isolation", "churn", "soak", "sigterm")
+
+
+def check_run_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, kinds: tuple[str, ...], parts: set[str]
+) -> None:
+    """Refuse (exit 2, one line) unknown parts or kinds, and a part's duration or count that is
+    not positive, before the server starts."""
+    for name, given, known in (("--parts", parts, PARTS), ("--kinds", set(kinds), KINDS)):
+        if not given or not given <= set(known):
+            parser.error(
+                f"{name}: {','.join(sorted(given - set(known))) or 'none given'}; choose from {','.join(known)}"
+            )
+    for part, flag, value in (
+        ("fuzz", "--fuzz-seconds", args.fuzz_seconds),
+        ("isolation", "--isolation-seconds", args.isolation_seconds),
+        ("churn", "--churn-cycles", args.churn_cycles),
+        ("soak", "--soak-minutes", args.soak_minutes),
+        ("sigterm", "--shutdown-timeout", args.shutdown_timeout),
+    ):
+        if part in parts and not value > 0:
+            parser.error(
+                f"{flag} must be > 0 for the {part} part, got {value:g} (or leave {part} out of --parts)"
+            )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="realtime bench reliability", description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="fuzz,isolation,churn,soak,sigterm")
@@ -785,6 +811,9 @@ def main(argv: list[str]) -> int:
         "attackers too) on the rest of its own, as when clients run on other machines",
     )
     args = parser.parse_args(argv)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    parts = set(args.parts.split(","))
+    check_run_args(parser, args, kinds, parts)
     if args.server_cores:  # checked before anything starts; the bench moves off the server's cores
         own = os.sched_getaffinity(0)
         if not set(args.server_cores) <= own:
@@ -793,8 +822,6 @@ def main(argv: list[str]) -> int:
             parser.error("--server-cores leaves the bench no core of its own")
         os.sched_setaffinity(0, own - set(args.server_cores))
     logging.getLogger("websockets").setLevel(logging.CRITICAL)  # our clients' own view of resets
-    kinds = tuple(k for k in args.kinds.split(",") if k)
-    parts = set(args.parts.split(","))
     figures = Figures()
     with contextlib.ExitStack() as stack:
         workdir = (

@@ -70,3 +70,19 @@ def test_server_cores_that_leave_the_bench_nothing_are_refused(cores, capsys):
     with pytest.raises(SystemExit) as exit_:
         reliability.main(["--parts", "isolation", "--server-cores", own if cores == "all" else cores])
     assert exit_.value.code == 2 and "--server-cores" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--parts", "soak", "--soak-minutes", "0"], "--soak-minutes must be > 0"),
+        (["--parts", "churn", "--churn-cycles", "-1"], "--churn-cycles must be > 0"),
+        (["--parts", "fuzz,soakk"], "--parts: soakk"),
+        (["--parts", "churn", "--kinds", "robot,vid"], "--kinds: vid"),
+    ],
+    ids=["no soak time", "negative churn", "unknown part", "unknown kind"],
+)
+def test_run_arguments_that_cannot_run_are_refused_before_the_server_starts(args, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        reliability.main(args)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
