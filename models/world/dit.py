@@ -221,21 +221,8 @@ class DiTBlock(nn.Module):
         x = torch.addcmul(per_frame(x), gate1, per_frame(h)).view_as(x)
         x = x + self.cross_attn(self.norm3(x), cross_kv, kernel)
         h = torch.addcmul(shift2, per_frame(self.norm2(x)), 1 + scale2).view_as(x)
-        x = torch.addcmul(per_frame(x), gate2, per_frame(self.feed_forward(h))).view_as(x)
+        x = torch.addcmul(per_frame(x), gate2, per_frame(self.ffn(h))).view_as(x)
         return x, kv
-
-    def feed_forward(self, h: Tensor) -> Tensor:
-        """``ffn(h)``; on CUDA with the GELU (tanh) in cuBLASLt's epilogue of the first matmul, so
-        the ``[N, ffn_dim]`` activation is written once instead of written, read and written again
-        (-7.7 % of the FFN's time at the Wan-1.3B shape on an H100, and closer to float32: the GELU
-        applies before the bf16 rounding). Inductor keeps ``_addmm_activation`` as one extern call
-        in a compiled block. The CPU's op would take the exact GELU, not Wan's tanh: there the
-        modules run as they are."""
-        if not h.is_cuda:
-            return self.ffn(h)
-        up, _, down = self.ffn
-        hidden = torch._addmm_activation(up.bias, h.reshape(-1, h.shape[-1]), up.weight.t(), use_gelu=True)
-        return down(hidden).view(*h.shape[:-1], -1)
 
 
 class Head(nn.Module):

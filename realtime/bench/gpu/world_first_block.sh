@@ -2,10 +2,9 @@
 # The world's time to first frame and decoder cost, this tree beside an older one, by step
 # (default: all, in this order):
 # `tests`: the GPU tests of the DiT's CUDA graphs (first-block and steady), its streams, TAEHV's
-# decoder, the attention kernels and the FFN's GELU epilogue; `sf`: the Self-Forcing checkpoint
-# (random weights, real size) with TAEHV's decoder and FlashAttention-3, one session end to end
-# (fps_1, ttff_ms, mfu, and the stage means: launch, denoise, decode); `wan`: the
-# Wan-2.1-1.3B-shaped DiT, the same way.
+# decoder and the attention kernels; `sf`: the Self-Forcing checkpoint (random weights, real size)
+# with TAEHV's decoder and FlashAttention-3, one session end to end (fps_1, ttff_ms, mfu, and the
+# stage means: launch, denoise, decode); `wan`: the Wan-2.1-1.3B-shaped DiT, the same way.
 # BASELINE (optional): a folder holding an older tree's packages, made where git is with
 # `mkdir -p baseline && git archive <commit> realtime sessions models clients | tar -x -C baseline`
 # and carried with the call (an untracked folder travels); each bench step then runs there first,
@@ -23,7 +22,7 @@ for step in ${*:-tests sf wan}; do
     case $step in
     tests)
         python3 -m pytest -q -m gpu -p no:cacheprovider tests/world/test_graphs.py tests/world/test_stage_streams.py \
-            tests/world/test_taehv.py tests/world/test_attention.py tests/world/test_feed_forward.py 2>&1 | tee "$OUT/world_gpu_tests.txt"
+            tests/world/test_taehv.py tests/world/test_attention.py 2>&1 | tee "$OUT/world_gpu_tests.txt"
         ;;
     sf)
         [ -e "$SF/taew2_1.pth" ] || bench world --model self-forcing --write-random-checkpoint "$SF" 2>&1 | tail -3
