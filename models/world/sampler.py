@@ -93,15 +93,19 @@ def pin_starts(reqs: Sequence[BlockRequest], x0: Tensor) -> Tensor:
 
 
 class FlowSampler:
-    """``graphs``: CUDA graphs of the steady pass (``models.world.graphs``), replayed for the
-    batches they cover; ``profiler``: marks the denoise passes and the clean pass
-    (``models.world.profiling``)."""
+    """One batch's block: :meth:`past`, then :meth:`denoise` and :meth:`clean_pass` over the same
+    requests (one instance per block: its passes share the block's inputs, made on the device once,
+    and load them into the graphs once). ``graphs``: CUDA graphs of the steady pass
+    (``models.world.graphs``), replayed for the batches they cover; ``profiler``: marks the denoise
+    passes and the clean pass (``models.world.profiling``)."""
 
     def __init__(
         self, dit: CausalDiT, pool: KVPool, graphs: DiTGraphs | None = None, profiler: Profiler = OFF
     ) -> None:
         self.dit, self.pool, self.cfg = dit, pool, dit.cfg
         self.graphs, self.profiler = graphs, profiler
+        self._block: tuple[list[str], list[int], Tensor, Tensor] | None = None  # _inputs, made once
+        self._loaded = False  # the graphs hold this block's inputs
 
     def _pass(
         self,
@@ -128,17 +132,24 @@ class FlowSampler:
         if self.graphs is None or not self.graphs.covers(past, mask):
             return False
         assert past is not None  # covered
-        self.graphs.load(past, pos, actions, cross)
+        if not self._loaded:
+            self.graphs.load(past, pos, actions, cross)
+            self._loaded = True
         return True
 
     def _inputs(self, reqs: Sequence[BlockRequest]) -> tuple[list[str], list[int], Tensor, Tensor]:
-        fpb = self.cfg.frames_per_block
+        """The block's session ids, first frames, frame positions ``[B, F]`` and actions
+        ``[B, F, A]`` on the device (copied there on the first call of the block)."""
         ids = [r.session_id for r in reqs]
-        starts = [r.block * fpb for r in reqs]
-        pos = torch.tensor([[s + j for j in range(fpb)] for s in starts], dtype=torch.long)
-        p = self.pool.k
-        actions = to_device(torch.stack([r.actions for r in reqs]), p)
-        return ids, starts, to_device(pos, p, torch.long), actions
+        if self._block is None:
+            fpb = self.cfg.frames_per_block
+            starts = [r.block * fpb for r in reqs]
+            pos = torch.tensor([[s + j for j in range(fpb)] for s in starts], dtype=torch.long)
+            p = self.pool.k
+            actions = to_device(torch.stack([r.actions for r in reqs]), p)
+            self._block = ids, starts, to_device(pos, p, torch.long), actions
+        assert self._block[0] == ids, "one FlowSampler per block"
+        return self._block
 
     def past(self, reqs: Sequence[BlockRequest]) -> tuple[list[KV] | None, Tensor | None]:
         """The sessions' resident K/V a block's passes attend to, with room for the block's own,
@@ -194,16 +205,6 @@ class FlowSampler:
         assert past is not None  # a graph replays a gathered past only
         room = x0.shape[1] * self.cfg.tokens_per_frame  # where the replayed self-attention wrote them
         return [(k[:, -room:], v[:, -room:]) for k, v in past]
-
-    def generate(self, reqs: Sequence[BlockRequest]) -> Tensor:
-        """Denoise, clean pass, then commit every session's block K/V; returns x0."""
-        ids, starts, _, _ = self._inputs(reqs)
-        cross = self.pool.cross(ids)
-        past, mask = self.past(reqs)
-        x0 = self.denoise(reqs, cross, past, mask)
-        kv = self.clean_pass(reqs, x0, past, mask, cross)
-        self.pool.commit(ids, starts, kv)
-        return x0
 
 
 @torch.no_grad()
