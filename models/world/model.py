@@ -225,8 +225,10 @@ class WorldModel:
 
     def generate(self, ticks: Sequence[WorldTick]) -> Tensor:
         """One latent block per tick in one batched forward; returns x0 ``[B, fpb, C, h, w]``."""
+        self.profiler.mark("begin")
         x0, commit = self._generate(ticks)
         commit()
+        self.profiler.mark("committed")
         return x0
 
     def decode(self, session_ids: Sequence[str], latents: Tensor) -> list[Tensor]:

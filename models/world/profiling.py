@@ -8,6 +8,8 @@ mark as a CUDA event on the current stream (device time) on CUDA, or as the host
 Marks go to the innermost :meth:`Profiler.collect` of the calling thread, so the block stage's
 thread and the decode stage's thread each collect their own. Who marks what:
 
+- the model, around a forward of the block stage: ``begin`` (before its first work on the DiT
+  stream: the prompt K/V, the gather, the inputs) and ``committed`` (after its KV commit);
 - the sampler, around the DiT passes of a block: ``denoise`` (before the first denoise pass),
   ``denoised`` (after the last), ``clean`` and ``cleaned`` (around the committing clean pass);
 - the decode stage: ``decode`` (its decoder forward starts, after the wait for the DiT),
@@ -96,13 +98,18 @@ class BlockTimings:
     # KV commit and gather, inputs and noise, plus any idle while the host had not launched it
     # (0 for the stage's first forward)
     gap_ms: float
+    # the part of the gap the DiT stream sat idle, from the previous forward's commit to this
+    # forward's first work: a ``begin`` event the host records while the GPU is still busy reads
+    # as the previous work's end (idle 0), one recorded late reads as the host's clock. So a
+    # nonzero idle is GPU time lost waiting for the host (0 for the stage's first forward)
+    idle_ms: float
     denoise_ms: float  # the staged denoise passes (with the re-noising between them)
     clean_ms: float  # the committing clean pass
     decode_ms: float  # the VAE decoder forward (with the uint8 conversion)
     d2h_ms: float  # the frames' copy to host memory
 
 
-DIT_MARKS = ("denoise", "denoised", "clean", "cleaned")
+DIT_MARKS = ("begin", "denoise", "denoised", "clean", "cleaned", "committed")
 DECODE_MARKS = ("decode", "decoded", "copied")
 
 
@@ -116,10 +123,16 @@ def block_timings(
     gap_ms = (
         0.0 if not previous or "cleaned" not in previous else elapsed_ms(previous["cleaned"], dit["denoise"])
     )
+    idle_ms = (
+        0.0
+        if not previous or "committed" not in previous
+        else elapsed_ms(previous["committed"], dit["begin"])
+    )
     return BlockTimings(
         started_at,
         launch_ms,
         max(0.0, gap_ms),
+        max(0.0, idle_ms),
         elapsed_ms(dit["denoise"], dit["denoised"]),
         elapsed_ms(dit["clean"], dit["cleaned"]),
         elapsed_ms(decode["decode"], decode["decoded"]),

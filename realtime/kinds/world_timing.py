@@ -11,7 +11,9 @@ for each stage (``block``: ``first`` for a session's chunk 0, the time-to-first-
   its kernels: a launch time near the DiT's device time means the host, not the GPU, sets the pace);
 - ``gap``: the DiT stream's time from the previous DiT forward's clean pass to this block's first
   pass (the KV commit and gather and the inputs, a few ms at the Wan shape, plus any idle while
-  the host had not yet launched this forward: what says whether the GPU waited for the host);
+  the host had not yet launched this forward);
+- ``idle``: the part of ``gap`` the DiT stream sat idle between the previous forward's KV commit
+  and this forward's first work: GPU time lost waiting for the host (``BlockTimings.idle_ms``);
 - ``denoise``, ``clean``: the DiT's staged denoise passes and its committing clean pass (device
   time on CUDA, from events read where the decode stage already waits for the GPU);
 - ``decode``, ``d2h``: the VAE decoder forward and the frames' copy to host memory (the same);
@@ -34,7 +36,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from realtime.media.stage import EncodedMedia
 
 METRIC = "world_stage_seconds"
-STAGES = ("queue", "launch", "gap", "denoise", "clean", "decode", "d2h", "encode", "send", "total")
+STAGES = ("queue", "launch", "gap", "idle", "denoise", "clean", "decode", "d2h", "encode", "send", "total")
 # ~1.25x apart from 1 ms to 30 s: a bench reads p50 and max from the buckets of one run
 BUCKETS_MS = (
     1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, 120, 150, 200, 250, 300, 400,
@@ -65,6 +67,7 @@ class StageTimer:
             "queue": max(0.0, t.started_at - due),
             "launch": t.launch_ms / 1000,
             "gap": t.gap_ms / 1000,
+            "idle": t.idle_ms / 1000,
             "denoise": t.denoise_ms / 1000,
             "clean": t.clean_ms / 1000,
             "decode": t.decode_ms / 1000,

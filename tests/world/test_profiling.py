@@ -31,9 +31,9 @@ def test_timing_is_off_by_default_and_marks_nothing():
 
 def test_on_the_marks_of_a_block_resolve_to_its_timings():
     block, frames = _one_block(WorldModel.build(TEST, slots=1, seed=3, profiler=DeviceProfiler(cuda=False)))
-    assert list(block.marks) == ["denoise", "denoised", "clean", "cleaned"]
+    assert list(block.marks) == ["begin", "denoise", "denoised", "clean", "cleaned", "committed"]
     t = frames.timings
-    assert t is not None and t.gap_ms == 0.0 and min(t.denoise_ms, t.clean_ms, t.decode_ms) > 0
+    assert t is not None and t.gap_ms == t.idle_ms == 0.0 and min(t.denoise_ms, t.clean_ms, t.decode_ms) > 0
 
 
 def test_each_thread_collects_its_own_marks_and_marks_outside_a_collect_are_dropped():
@@ -63,10 +63,18 @@ def test_each_thread_collects_its_own_marks_and_marks_outside_a_collect_are_drop
 
 
 def test_a_block_without_every_mark_has_no_timings():
-    marks = {"denoise": 0.0, "denoised": 0.1, "clean": 0.1, "cleaned": 0.2}
+    marks = {"begin": -0.01, "denoise": 0.0, "denoised": 0.1, "clean": 0.1, "cleaned": 0.2, "committed": 0.21}
     decode = {"decode": 0.3, "decoded": 0.4, "copied": 0.45}
     assert block_timings(1.0, 5.0, marks, None, decode) is not None
     assert block_timings(1.0, 5.0, marks, None, {}) is None
     assert block_timings(1.0, 5.0, {"denoise": 0.0}, None, decode) is None
     gapped = block_timings(1.0, 5.0, marks, {"cleaned": -0.05}, decode)
-    assert gapped is not None and abs(gapped.gap_ms - 50.0) < 1e-9
+    assert gapped is not None and abs(gapped.gap_ms - 50.0) < 1e-9 and gapped.idle_ms == 0.0
+
+
+def test_idle_is_the_dit_streams_wait_from_the_previous_commit_to_this_forwards_first_work():
+    """``gap`` = the previous commit, then idle, then this forward's inputs (host clocks here)."""
+    marks = {"begin": -0.02, "denoise": 0.0, "denoised": 0.1, "clean": 0.1, "cleaned": 0.2, "committed": 0.21}
+    decode = {"decode": 0.3, "decoded": 0.4, "copied": 0.45}
+    t = block_timings(1.0, 5.0, marks, {"cleaned": -0.05, "committed": -0.045}, decode)
+    assert t is not None and abs(t.gap_ms - 50.0) < 1e-9 and abs(t.idle_ms - 25.0) < 1e-9

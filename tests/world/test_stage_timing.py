@@ -29,6 +29,7 @@ def test_breakdown_reads_exact_means_p50_and_max_bucket():
         started_at=10.0,
         launch_ms=40.0,
         gap_ms=3.0,
+        idle_ms=1.0,
         denoise_ms=100.0,
         clean_ms=20.0,
         decode_ms=10.0,
@@ -49,7 +50,7 @@ def test_breakdown_reads_exact_means_p50_and_max_bucket():
     assert 80 <= figures["p50"]["denoise"] <= 100  # all five in the (80, 100] bucket
     assert figures["mean"]["denoise"] == pytest.approx(100.0)  # exact, where p50 only knows the bucket
     assert figures["mean"]["queue"] == pytest.approx((5 + 7 + 9 + 11 + 450) / 5)
-    assert figures["mean"]["gap"] == pytest.approx(3.0)
+    assert figures["mean"]["gap"] == pytest.approx(3.0) and figures["mean"]["idle"] == pytest.approx(1.0)
     assert figures["mean"]["launch"] == pytest.approx(40.0)
     assert set(figures["p50"]) == set(STAGES)
 
